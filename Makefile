@@ -1,0 +1,34 @@
+# One command each: `make test` (set-up + test suite), `make play` (set-up + the main job).
+# Set-up makes .venv with the CPU torch wheel installed first and pinned (constraints.txt), so nothing
+# later pulls a multi-GB CUDA build, then installs relax-gym with its test extra.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup test test-fast play check bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -c constraints.txt torch
+	$(PIP) install --quiet -c constraints.txt -e '.[test]'
+	touch $@
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+play: $(STAMP)
+	$(BIN)/relax-gym envs play nextqa-video --episodes 3
+
+check: $(STAMP)
+	$(BIN)/relax-gym envs check --all
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/env_reset.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

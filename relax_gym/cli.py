@@ -1,0 +1,176 @@
+"""The ``relax-gym`` command line (typer + rich)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+app = typer.Typer(help="relax-gym: omni-modal agentic RL environments and trainer.", no_args_is_help=True, pretty_exceptions_enable=False)
+envs_app = typer.Typer(help="List, inspect, check and play environments.", no_args_is_help=True)
+app.add_typer(envs_app, name="envs")
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+class Policy(StrEnum):
+    gold = "gold"
+    random = "random"
+    stdin = "stdin"
+
+
+def _registry():
+    import relax_gym.envs.registry as registry
+
+    return registry
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def _make(env_id: str, kwargs: dict[str, Any]):
+    registry = _registry()
+    from relax_gym.envs import DatasetError, ManifestError, UnknownEnvError
+    from relax_gym.omni import MediaError
+
+    try:
+        return registry.make(env_id, **kwargs)
+    except (UnknownEnvError, DatasetError, ManifestError, MediaError) as exc:
+        raise _fail(str(exc)) from None
+
+
+@envs_app.command("list")
+def envs_list() -> None:
+    """List registered environments (and manifests that failed to load)."""
+    registry = _registry()
+    table = Table("id", "modalities", "source", "description", box=None)
+    for env_id in registry.list_envs():
+        s = registry.spec(env_id)
+        table.add_row(env_id, ",".join(s.modalities), s.source, s.description[:70])
+    console.print(table)
+    errors = registry.discovery_errors()
+    for e in errors:
+        err_console.print(f"[red]failed to load:[/] {e}")
+    if errors:
+        raise typer.Exit(1)
+
+
+@envs_app.command("show")
+def envs_show(env_id: str) -> None:
+    """Show an environment's spec: entry point, kwargs, source."""
+    registry = _registry()
+    from relax_gym.envs import UnknownEnvError
+
+    try:
+        s = registry.spec(env_id)
+    except UnknownEnvError as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"[bold]{s.id}[/]  (gymnasium id {s.gym_id})")
+    console.print(f"entry point: {s.entry_point}\nsource: {s.source}\nmodalities: {', '.join(s.modalities) or '-'}")
+    if s.description:
+        console.print(f"description: {s.description}")
+    console.print("kwargs: " + json.dumps(s.kwargs, indent=2, default=str))
+
+
+@envs_app.command("check")
+def envs_check(
+    env_id: Annotated[str | None, typer.Argument(help="env id; omit with --all")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="check every registered env")] = False,
+    data_dir: Annotated[Path | None, typer.Option(help="real dataset folder")] = None,
+) -> None:
+    """Run gymnasium's env checker plus relax rules; exit 1 on the first failing env."""
+    from relax_gym.envs import EnvCheckError, check_env
+
+    registry = _registry()
+    if all_ == (env_id is not None):
+        raise _fail("give an env id or --all", 2)
+    ids = registry.list_envs() if all_ else [env_id]
+    failed = []
+    for one in ids:
+        env = _make(one, {"data_dir": str(data_dir)} if data_dir else {})
+        try:
+            report = check_env(env)
+        except EnvCheckError as exc:
+            console.print(f"[red]FAIL[/] {one}: {exc}")
+            failed.append(one)
+            continue
+        finally:
+            env.close()
+        console.print(f"[green]ok[/]   {one}: " + "; ".join(report.passed))
+    if failed:
+        raise typer.Exit(1)
+
+
+@envs_app.command("play")
+def envs_play(
+    env_id: str,
+    policy: Annotated[Policy, typer.Option(help="who answers: the gold action, random text, or you (stdin)")] = Policy.gold,
+    episodes: Annotated[int, typer.Option(min=1)] = 1,
+    seed: int = 0,
+    data_dir: Annotated[Path | None, typer.Option(help="real dataset folder")] = None,
+    split: Annotated[str | None, typer.Option(help="dataset split")] = None,
+) -> None:
+    """Play episodes and print the conversation (media summarised: shape, duration, fps) and rewards."""
+    kwargs: dict[str, Any] = {}
+    if data_dir is not None:
+        kwargs["data_dir"] = str(data_dir)
+    if split is not None:
+        kwargs["split"] = split
+    env = _make(env_id, kwargs)
+    env.action_space.seed(seed)
+    total = 0.0
+    for episode in range(episodes):
+        obs, info = env.reset(seed=seed + episode)
+        console.rule(f"{env_id} episode {episode} (seed {seed + episode}, {info.get('origin', '')})")
+        _print_messages(obs)
+        done, ret = False, 0.0
+        while not done:
+            action = _choose(policy, env, info)
+            console.print("[bold cyan]assistant:[/] " + escape(action))
+            obs, reward, terminated, truncated, info = env.step(action)
+            _print_messages(obs)
+            ret += reward
+            done = terminated or truncated
+            console.print(f"reward {reward:.3f}  breakdown {info.get('reward_breakdown')}  status {info['status']}"
+                          + (f" ({info.get('status_detail') or info.get('error')})" if info["status"] not in ("ok",) else ""))
+        total += ret
+    console.rule()
+    console.print(f"mean return over {episodes} episode(s): {total / episodes:.3f}")
+
+
+def _choose(policy: Policy, env, info: dict[str, Any]) -> str:
+    if policy is Policy.gold:
+        return info["gold"]
+    if policy is Policy.random:
+        letters = "ABCDE"
+        pick = letters[int(env.unwrapped.np_random.integers(len(letters)))]
+        return f"<think>guessing</think><answer>{pick}</answer>"
+    console.print("[dim]your answer (one line):[/] ", end="")
+    line = typer.get_text_stream("stdin").readline()
+    return line.rstrip("\n")
+
+
+def _print_messages(messages) -> None:
+    for m in messages:
+        console.print(f"[bold]{m.role}:[/]")
+        for part in m.content:
+            text = part.summary() if part.kind != "text" else part.text.replace("\n", "\n  ")
+            console.print("  " + text, markup=False)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""``env.toml`` manifests: one folder per environment, found in ``envs_registry/`` and ``RELAX_GYM_ENV_PATH``.
+
+Either ``entry_point`` names an ``AgentEnv`` subclass (``"my_pkg.envs:MyEnv"``), or a pure data environment
+gives ``[dataset]`` (+ optional ``[reward]``) and uses the built-in multiple-choice env. ``[kwargs]`` are passed to
+the constructor. A malformed file raises :class:`ManifestError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from relax_gym.envs.datasets import DatasetSpec
+from relax_gym.envs.rewards import MultipleChoiceReward
+
+MANIFEST_NAME = "env.toml"
+DATA_ENV_ENTRY_POINT = "relax_gym.envs.multiple_choice:MultipleChoiceEnv"
+_ID = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
+_ENTRY_POINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+class ManifestError(ValueError):
+    def __init__(self, file: Path | str, reason: str, field: str | None = None) -> None:
+        self.file, self.field, self.reason = str(file), field, reason
+        super().__init__(f"{file}: " + (f"field {field!r}: " if field else "") + reason)
+
+
+class EnvManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    description: str = ""
+    entry_point: str | None = None
+    dataset: DatasetSpec | None = None
+    reward: MultipleChoiceReward | None = None
+    modalities: list[Literal["text", "image", "video", "audio"]] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    sandbox: dict[str, Any] | None = None
+    tags: list[str] = Field(default_factory=list)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not _ID.match(v):
+            raise ValueError(f"{v!r} is not a valid env id (lowercase letters, digits, '-', '_', '.')")
+        return v
+
+    @field_validator("entry_point")
+    @classmethod
+    def _entry_point(cls, v: str | None) -> str | None:
+        if v is not None and not _ENTRY_POINT.match(v):
+            raise ValueError(f"{v!r} is not 'module.path:ClassName'")
+        return v
+
+    @model_validator(mode="after")
+    def _kind(self) -> EnvManifest:
+        if self.entry_point is None and self.dataset is None:
+            raise ValueError("give either entry_point or a [dataset] table")
+        if self.reward is not None and self.dataset is None:
+            raise ValueError("[reward] applies to data environments only (those with a [dataset] table)")
+        return self
+
+    def resolved_entry_point(self) -> str:
+        return self.entry_point or DATA_ENV_ENTRY_POINT
+
+    def constructor_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(self.kwargs)
+        if self.dataset is not None:
+            kwargs["dataset"] = self.dataset.model_dump()
+        if self.reward is not None:
+            kwargs["reward"] = self.reward.model_dump()
+        return kwargs
+
+
+def load_manifest(path: Path) -> EnvManifest:
+    """Read and validate one ``env.toml`` (or the ``env.toml`` inside a folder)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_NAME
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(path, "file not found") from None
+    except UnicodeDecodeError as exc:
+        raise ManifestError(path, f"not UTF-8 text (byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(path, f"invalid TOML: {exc}") from None
+    try:
+        return EnvManifest.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or None
+        extra = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
+        raise ManifestError(path, err["msg"] + extra, field=field) from None
+
+
+def find_manifests(directory: Path) -> list[Path]:
+    """``directory/env.toml`` if the folder is itself a manifest folder, else ``directory/*/env.toml``."""
+    directory = Path(directory)
+    if (directory / MANIFEST_NAME).is_file():
+        return [directory / MANIFEST_NAME]
+    return sorted(directory.glob(f"*/{MANIFEST_NAME}"))

@@ -1,0 +1,115 @@
+"""A data environment: one multiple-choice question about some media per episode, answered in one turn.
+
+The opening is a system prompt that asks for ``<think>…</think><answer>X</answer>`` and a user message with
+the media parts (video, image, audio, in that order) followed by the question and its lettered options. The
+reward is :class:`~relax_gym.envs.rewards.MultipleChoiceReward` (accuracy + format, weights configurable).
+``nextqa-video`` and ``echo-ink`` are this class with different manifests.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from relax_gym.envs import synth
+from relax_gym.envs.core import AgentEnv, Opening, Outcome
+from relax_gym.envs.datasets import DatasetError, DatasetSpec, McqSample, load_dataset
+from relax_gym.envs.rewards import LETTERS, MultipleChoiceReward
+from relax_gym.omni import AudioPart, ImagePart, MediaError, MediaSource, Message, TextPart, VideoPart
+from relax_gym.omni.sampling import AudioSampling, ImageSampling, VideoSampling
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You answer multiple-choice questions about the media you are given. Think first, inside <think></think>, "
+    "then give only the option letter inside <answer></answer>, e.g. <think>...</think><answer>B</answer>."
+)
+_announced_samples: set[str] = set()
+
+
+class MultipleChoiceEnv(AgentEnv):
+    def __init__(
+        self,
+        *,
+        dataset: DatasetSpec | dict[str, Any],
+        data_dir: str | Path | None = None,
+        split: str | None = None,
+        reward: MultipleChoiceReward | dict[str, float] | None = None,
+        video: VideoSampling | dict[str, Any] | None = None,
+        image: ImageSampling | dict[str, Any] | None = None,
+        audio: AudioSampling | dict[str, Any] | None = None,
+        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        decode_on_reset: bool = True,
+        max_action_chars: int = 32_768,
+        render_mode: str | None = None,
+    ) -> None:
+        self.dataset_spec = dataset if isinstance(dataset, DatasetSpec) else DatasetSpec.model_validate(dataset)
+        self.samples = self._load(self.dataset_spec, data_dir, split)
+        self.media_kinds = tuple(sorted({k for s in self.samples for k in s.media}))
+        super().__init__(max_turns=1, max_action_chars=max_action_chars, render_mode=render_mode)
+        self.reward_fn = reward if isinstance(reward, MultipleChoiceReward) else MultipleChoiceReward.model_validate(reward or {})
+        self.video_sampling = _spec(VideoSampling, video)
+        self.image_sampling = _spec(ImageSampling, image)
+        self.audio_sampling = _spec(AudioSampling, audio)
+        self.system_prompt = system_prompt
+        self.decode_on_reset = decode_on_reset
+        self.sample: McqSample | None = None
+
+    @staticmethod
+    def _load(spec: DatasetSpec, data_dir: str | Path | None, split: str | None) -> list[McqSample]:
+        if data_dir is None:
+            if spec.sample is None:
+                raise ValueError(f"this {spec.format} environment has no bundled sample: pass data_dir=")
+            data_dir = synth.ensure_sample(spec.sample)
+            if spec.sample not in _announced_samples:
+                _announced_samples.add(spec.sample)
+                log.warning("no data_dir given: using the bundled synthetic %r sample at %s", spec.sample, data_dir)
+        return load_dataset(spec, Path(data_dir), split)
+
+    # -- episode -----------------------------------------------------------------------------------------
+
+    def _reset(self, options: dict[str, Any]) -> Opening:
+        if "index" in options:
+            index = int(options["index"])
+            if not 0 <= index < len(self.samples):
+                raise IndexError(f"options['index']={index} is out of range 0..{len(self.samples) - 1}")
+        else:
+            index = int(self.np_random.integers(len(self.samples)))
+        self.sample = sample = self.samples[index]
+        parts = self._media_parts(sample)
+        if self.decode_on_reset:
+            for part in parts:
+                try:
+                    part.decode()
+                except MediaError as exc:
+                    raise DatasetError(exc.source, f"{exc.reason} (record {sample.origin})") from exc
+        lettered = "\n".join(f"{LETTERS[i]}. {text}" for i, text in enumerate(sample.options))
+        question = TextPart(f"{sample.question}\nOptions:\n{lettered}")
+        messages = [
+            Message(role="system", content=(TextPart(self.system_prompt),)),
+            Message(role="user", content=(*parts, question)),
+        ]
+        gold = f"<think>The media shows it: {sample.options[sample.answer_index]}.</think><answer>{sample.answer_letter}</answer>"
+        return Opening(messages=messages, gold=gold, info={"sample_id": sample.uid, "sample_index": index, "origin": sample.origin})
+
+    def _step(self, action: str) -> Outcome:
+        assert self.sample is not None
+        reward, breakdown = self.reward_fn(action, self.sample.answer_letter, self.sample.options)
+        return Outcome(messages=[], reward=reward, terminated=True, reward_breakdown=breakdown, info={"sample_id": self.sample.uid})
+
+    def _media_parts(self, sample: McqSample) -> list[VideoPart | ImagePart | AudioPart]:
+        parts: list[VideoPart | ImagePart | AudioPart] = []
+        if "video" in sample.media:
+            parts.append(VideoPart(source=MediaSource(path=sample.media["video"]), sampling=self.video_sampling))
+        if "image" in sample.media:
+            parts.append(ImagePart(source=MediaSource(path=sample.media["image"]), sampling=self.image_sampling))
+        if "audio" in sample.media:
+            parts.append(AudioPart(source=MediaSource(path=sample.media["audio"]), sampling=self.audio_sampling))
+        return parts
+
+
+def _spec(cls, value):
+    if value is None:
+        return cls()
+    return value if isinstance(value, cls) else cls.model_validate(value)

@@ -1,0 +1,198 @@
+"""The environment registry. Ids live in gymnasium's registry under the ``relax`` namespace, so both
+``relax_gym.make("nextqa-video")`` and ``gymnasium.make("relax/nextqa-video")`` work (after ``import relax_gym``).
+
+Three ways in:
+1. ``relax_gym.register(id=..., entry_point="pkg.mod:Class", kwargs={...})`` in Python;
+2. manifest folders (``env.toml``) in the built-in ``envs_registry/`` and in ``RELAX_GYM_ENV_PATH``
+   (``os.pathsep``-separated; each entry is a manifest folder or a folder of them);
+3. installed packages exposing entry points in the group ``relax_gym.envs``: the entry point's *name* is the
+   env id and its *value* the env class (``my-env = "my_pkg.envs:MyEnv"``); nothing is imported until made.
+
+Discovery runs once, lazily, on first use; problems (a malformed manifest, a duplicate id) are kept in
+``discovery_errors()`` and reported by ``relax-gym envs list`` and in unknown-id errors, never half-registered.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import threading
+import warnings
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+
+from relax_gym.envs.manifest import EnvManifest, ManifestError, find_manifests, load_manifest
+
+NAMESPACE = "relax"
+ENTRY_POINT_GROUP = "relax_gym.envs"
+ENV_PATH_VAR = "RELAX_GYM_ENV_PATH"
+
+
+class UnknownEnvError(KeyError):
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What relax-gym knows of a registered env (gymnasium's own spec is ``gym_spec``)."""
+
+    id: str
+    entry_point: str
+    kwargs: dict[str, Any]
+    source: str  # "python", a manifest path, or "entry point <dist>"
+    description: str = ""
+    modalities: tuple[str, ...] = ()
+    manifest: EnvManifest | None = field(default=None, repr=False)
+
+    @property
+    def gym_id(self) -> str:
+        return f"{NAMESPACE}/{self.id}"
+
+    @property
+    def gym_spec(self) -> gymnasium.envs.registration.EnvSpec:
+        return gymnasium.spec(self.gym_id)
+
+
+_specs: dict[str, EnvSpec] = {}
+_errors: list[str] = []
+_discovered = False
+_lock = threading.RLock()
+
+
+def builtin_registry_dir() -> Path:
+    """``envs_registry/`` beside the package (source checkout) or bundled in the wheel."""
+    here = Path(__file__).resolve().parent.parent
+    bundled = here / "_envs_registry"
+    return bundled if bundled.is_dir() else here.parent / "envs_registry"
+
+
+def register(
+    id: str,
+    entry_point: str | Any,
+    kwargs: dict[str, Any] | None = None,
+    *,
+    description: str = "",
+    modalities: tuple[str, ...] | list[str] = (),
+    source: str = "python",
+    manifest: EnvManifest | None = None,
+    override: bool = False,
+) -> EnvSpec:
+    """Register an env under ``relax/<id>``. Registering an id twice is an error unless ``override=True``."""
+    short = _short(id)
+    with _lock:
+        if short in _specs and not override:
+            raise ValueError(f"env id {short!r} is already registered (from {_specs[short].source}); pass override=True to replace it")
+        ep = entry_point if isinstance(entry_point, str) else f"{entry_point.__module__}:{entry_point.__qualname__}"
+        gym_id = f"{NAMESPACE}/{short}"
+        if gym_id in gymnasium.registry:
+            del gymnasium.registry[gym_id]
+        gymnasium.register(id=gym_id, entry_point=entry_point, kwargs=dict(kwargs or {}), disable_env_checker=False)
+        spec_ = EnvSpec(id=short, entry_point=ep, kwargs=dict(kwargs or {}), source=source, description=description, modalities=tuple(modalities), manifest=manifest)
+        _specs[short] = spec_
+        return spec_
+
+
+def register_manifest(path: Path, *, override: bool = False) -> EnvSpec:
+    m = load_manifest(path)
+    return register(
+        m.id, m.resolved_entry_point(), m.constructor_kwargs(), description=m.description,
+        modalities=m.modalities, source=str(Path(path)), manifest=m, override=override,
+    )
+
+
+def make(id: str, **kwargs: Any) -> gymnasium.Env:
+    """``gymnasium.make("relax/<id>", **kwargs)``: kwargs override the registered ones."""
+    return gymnasium.make(spec(id).gym_id, **kwargs)
+
+
+def spec(id: str) -> EnvSpec:
+    discover()
+    short = _short(id)
+    with _lock:
+        found = _specs.get(short)
+    if found is None:
+        raise UnknownEnvError(_unknown_message(short))
+    return found
+
+
+def list_envs() -> list[str]:
+    discover()
+    with _lock:
+        return sorted(_specs)
+
+
+def discovery_errors() -> list[str]:
+    discover()
+    with _lock:
+        return list(_errors)
+
+
+def discover(*, force: bool = False) -> None:
+    """Register every manifest and entry point once (``force=True`` rescans, e.g. after changing the path)."""
+    global _discovered
+    with _lock:
+        if _discovered and not force:
+            return
+        _discovered = True
+        _errors.clear()
+        dirs = [builtin_registry_dir()] + [Path(p) for p in os.environ.get(ENV_PATH_VAR, "").split(os.pathsep) if p]
+        for directory in dirs:
+            if not directory.is_dir():
+                _errors.append(f"{ENV_PATH_VAR} entry {directory}: not a folder")
+                continue
+            for manifest in find_manifests(directory):
+                _try_register(manifest)
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            dist = getattr(ep.dist, "name", "?")
+            _try(lambda ep=ep, dist=dist: _register_entry_point(ep, dist))
+
+
+def _register_entry_point(ep: metadata.EntryPoint, dist: str) -> None:
+    source = f"entry point {ep.name} = {ep.value} (package {dist})"
+    short = _short(ep.name)
+    known = _specs.get(short)
+    if known is not None:
+        if known.source == source:
+            return
+        raise ValueError(f"{source}: env id {short!r} is already registered from {known.source}")
+    register(short, ep.value, source=source)
+
+
+def _try_register(manifest: Path) -> None:
+    def run() -> None:
+        m = load_manifest(manifest)
+        known = _specs.get(m.id)
+        if known is not None and known.source != str(manifest):
+            raise ManifestError(manifest, f"env id {m.id!r} is already registered from {known.source}", field="id")
+        register_manifest(manifest, override=True)
+
+    _try(run)
+
+
+def _try(fn) -> None:
+    try:
+        fn()
+    except (ManifestError, ValueError) as exc:
+        _errors.append(str(exc))
+        warnings.warn(f"relax-gym: skipped an environment: {exc}", stacklevel=3)
+
+
+def _short(id: str) -> str:
+    return id.split("/", 1)[1] if id.startswith(f"{NAMESPACE}/") else id
+
+
+def _unknown_message(short: str) -> str:
+    known = sorted(_specs)
+    close = difflib.get_close_matches(short, known, n=3, cutoff=0.5)
+    msg = f"no environment {short!r}."
+    msg += f" Did you mean: {', '.join(close)}?" if close else ""
+    msg += f" Registered: {', '.join(known) or 'none'}."
+    if _errors:
+        msg += " Some environments failed to load: " + "; ".join(_errors)
+    return msg
+

@@ -1,0 +1,73 @@
+"""Small pure reward functions. Each returns a float in [0, 1]; combiners return a total plus a breakdown."""
+
+from __future__ import annotations
+
+import re
+import string
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_FORMAT = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
+LETTERS = string.ascii_uppercase
+
+
+def extract_answer(text: str) -> str | None:
+    """Content of the last ``<answer>…</answer>`` block, stripped; None when there is none."""
+    found = _ANSWER.findall(text)
+    return found[-1].strip() if found else None
+
+
+def answer_letter(answer: str, options: list[str] | tuple[str, ...]) -> str | None:
+    """Map an answer ("B", "(b)", "B. walks left", or the option's own text) to its letter."""
+    letters = LETTERS[: len(options)]
+    m = re.fullmatch(r"\(?\s*([A-Za-z])\s*\)?\s*(?:[.:)\-]\s*.*)?", answer, re.DOTALL)
+    if m and m.group(1).upper() in letters:
+        return m.group(1).upper()
+    lowered = " ".join(answer.lower().split())
+    for letter, option in zip(letters, options):
+        if lowered == " ".join(option.lower().split()):
+            return letter
+    return None
+
+
+def multiple_choice(text: str, gold_letter: str, options: list[str] | tuple[str, ...]) -> float:
+    answer = extract_answer(text)
+    if answer is None:
+        return 0.0
+    return 1.0 if answer_letter(answer, options) == gold_letter.upper() else 0.0
+
+
+def think_answer_format(text: str) -> float:
+    """1.0 when the whole text is ``<think>…</think><answer>…</answer>`` (whitespace allowed around)."""
+    return 1.0 if _FORMAT.fullmatch(text) else 0.0
+
+
+def math_answer(text: str, gold: str) -> float:
+    """math-verify equivalence of the ``<answer>`` content (or the whole text) with ``gold``."""
+    from math_verify import parse, verify  # import cost (sympy) only for math envs
+
+    answer = extract_answer(text) or text
+    try:
+        return 1.0 if verify(parse(gold), parse(answer)) else 0.0
+    except Exception:  # math-verify raises on unparsable input: that is a wrong answer, not an error
+        return 0.0
+
+
+class MultipleChoiceReward(BaseModel):
+    """reward = accuracy * w_accuracy + format * w_format, normalised by the weights' sum so the max is 1."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    accuracy: float = Field(default=0.9, ge=0.0)
+    format: float = Field(default=0.1, ge=0.0)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> MultipleChoiceReward:
+        if self.accuracy + self.format <= 0:
+            raise ValueError("at least one reward weight must be positive")
+        return self
+
+    def __call__(self, text: str, gold_letter: str, options: list[str] | tuple[str, ...]) -> tuple[float, dict[str, float]]:
+        parts = {"accuracy": multiple_choice(text, gold_letter, options), "format": think_answer_format(text)}
+        total = (self.accuracy * parts["accuracy"] + self.format * parts["format"]) / (self.accuracy + self.format)
+        return total, parts

@@ -1,0 +1,541 @@
+"""Deterministic generator of small sample datasets laid out exactly like the real ones.
+
+The real omni-modal benchmarks (NExT-QA for video QA, EchoInk-R1's AVQA-R1-6K for audio+image QA)
+are large and need a download. For smoke tests, examples and tiny RL runs we instead synthesise a
+few hundred kilobytes of media *in the same on-disk layout*, so the very same dataset loaders read
+either one.
+
+The point of the synthetic content is that every answer is truly determined by the media:
+
+* NExT-QA sample: 64x64 H.264 clips. ``TN`` rows ask which way a red square moves, and the square
+  really moves that way (about 30 px over the clip) or stays still; ``DC`` rows ask how many blue
+  squares there are, and the clip shows exactly that many.
+* AVQA sample: a 64x64 JPEG plus a 16 kHz mono WAV. Questions ask for the number of beeps in the
+  audio, the number of red circles in the picture, or whether the second tone is higher or lower
+  than the first; the media carries exactly the answer.
+
+A model can therefore only score by looking at / listening to the input, which makes the samples
+suitable for checking that an RL loop learns something. Everything is derived from a seed with
+``numpy.random.default_rng``; nothing touches the network.
+
+``ensure_sample(name)`` generates a dataset on first use into a cache folder (see ``sample_root``)
+and reuses it afterwards; generation goes into a temporary sibling folder that is renamed into
+place, so concurrent processes never see a half-written dataset.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import soundfile as sf
+from PIL import Image, ImageDraw
+
+__all__ = [
+    "SAMPLE_VERSION",
+    "SAMPLE_NAMES",
+    "sample_root",
+    "ensure_sample",
+    "write_nextqa_sample",
+    "write_avqa_sample",
+    "write_moving_square_video",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Bump whenever the generated content changes; the cache folder name carries it.
+SAMPLE_VERSION = 1
+
+NEXTQA_HEADER: tuple[str, ...] = (
+    "video",
+    "frame_count",
+    "width",
+    "height",
+    "question",
+    "answer",
+    "qid",
+    "type",
+    "a0",
+    "a1",
+    "a2",
+    "a3",
+    "a4",
+)
+
+DIRECTIONS: tuple[str, ...] = ("left", "right", "up", "down", "still")
+_DIRECTION_OPTION = {"left": "left", "right": "right", "up": "up", "down": "down", "still": "it stays still"}
+_NUMBER_WORDS: tuple[str, ...] = ("one", "two", "three", "four", "five")
+
+TN_QUESTION = "which way does the red square move"
+DC_QUESTION = "how many blue squares are there"
+BEEP_QUESTION = "How many beeps do you hear?"
+CIRCLE_QUESTION = "How many red circles are in the picture?"
+PITCH_QUESTION = "Is the second tone higher or lower than the first?"
+PITCH_OPTIONS: tuple[str, ...] = ("higher", "lower", "the same", "there is only one tone")
+
+# Colours chosen to survive 4:2:0 chroma subsampling and JPEG/H.264 quantisation.
+RED = (220, 30, 30)
+BLUE = (30, 60, 230)
+
+_SQUARE = 10  # side of the red square, px
+_BLUE_SQUARE = 8  # side of the blue squares in DC clips, px
+_TRAVEL = 30  # how far the red square moves over a clip, px
+_MARGIN = 2  # keep shapes this far from the frame border, px
+
+_AUDIO_SR = 16_000
+_AVQA_SECONDS = 1.0
+_AVQA_IMAGE = 64
+_VIDEO_ID_BASE = 9_000_000_000
+_VIDEOS_PER_FOLDER = 100
+
+
+# --------------------------------------------------------------------------------------------
+# cache handling
+# --------------------------------------------------------------------------------------------
+
+
+def sample_root() -> Path:
+    """Folder holding generated samples: ``$RELAX_GYM_CACHE/samples`` or ``~/.cache/relax-gym/samples``."""
+    cache = os.environ.get("RELAX_GYM_CACHE")
+    base = Path(cache).expanduser() if cache else Path.home() / ".cache" / "relax-gym"
+    return base / "samples"
+
+
+#: Names accepted by ``ensure_sample``.
+SAMPLE_NAMES: tuple[str, ...] = ("nextqa", "avqa")
+
+
+def _writers() -> dict[str, Callable[[Path], None]]:
+    # looked up at call time so the writers can be swapped (e.g. by tests)
+    return {"nextqa": write_nextqa_sample, "avqa": write_avqa_sample}
+
+
+def ensure_sample(name: str, root: Path | None = None) -> Path:
+    """Return ``root/f"{name}-v{SAMPLE_VERSION}"``, generating the dataset there on first use.
+
+    An existing folder is reused as is. Generation writes into a temporary folder in the same parent
+    and renames it into place, so a reader never sees a partial dataset; if another process finished
+    first, its copy wins and ours is discarded.
+    """
+    writers = _writers()
+    if name not in writers:
+        raise ValueError(f"unknown sample {name!r}; known samples: {', '.join(sorted(writers))}")
+    root = Path(root) if root is not None else sample_root()
+    final = root / f"{name}-v{SAMPLE_VERSION}"
+    if final.is_dir():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
+    try:
+        logger.debug("generating sample %s into %s", name, tmp)
+        writers[name](tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp creates 0700; the cache may be shared
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+            logger.debug("sample %s was generated concurrently; discarding %s", name, tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+# --------------------------------------------------------------------------------------------
+# video helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """Dark grey, slightly noisy frame (static noise, so the codec spends few bits on it)."""
+    level = int(rng.integers(22, 38))
+    noise = rng.integers(-3, 4, size=(height, width, 1))
+    return np.clip(level + noise, 0, 255).astype(np.uint8).repeat(3, axis=2)
+
+
+def _paint(frame: np.ndarray, x: int, y: int, size: int, color: tuple[int, int, int]) -> None:
+    frame[y : y + size, x : x + size] = color
+
+
+def _square_path(
+    direction: str, rng: np.random.Generator, width: int, height: int, frames: int
+) -> list[tuple[int, int]]:
+    """Top-left corner of the red square for every frame."""
+    travel = min(_TRAVEL, width - _SQUARE - 2 * _MARGIN, height - _SQUARE - 2 * _MARGIN)
+    lo_x, hi_x = _MARGIN, width - _SQUARE - _MARGIN
+    lo_y, hi_y = _MARGIN, height - _SQUARE - _MARGIN
+    dx, dy = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1), "still": (0, 0)}[direction]
+    # start so that the whole path stays inside the frame
+    x0 = int(rng.integers(lo_x + (travel if dx < 0 else 0), hi_x - (travel if dx > 0 else 0) + 1))
+    y0 = int(rng.integers(lo_y + (travel if dy < 0 else 0), hi_y - (travel if dy > 0 else 0) + 1))
+    path = []
+    for i in range(frames):
+        t = i / max(frames - 1, 1)
+        if direction == "still":
+            # at most 1 px of jitter, clamped to the frame
+            jx, jy = (int(v) for v in rng.integers(-1, 2, size=2)) if i else (0, 0)
+            path.append((min(max(x0 + jx, lo_x), hi_x), min(max(y0 + jy, lo_y), hi_y)))
+        else:
+            step = round(travel * t)
+            path.append((x0 + dx * step, y0 + dy * step))
+    return path
+
+
+def _open_video(
+    path: Path, width: int, height: int, fps: float
+) -> tuple[av.container.OutputContainer, av.VideoStream]:
+    container = av.open(str(path), mode="w", format="mp4")
+    stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
+    stream.width = width
+    stream.height = height
+    stream.pix_fmt = "yuv420p"
+    # single-threaded, fixed preset/crf: the bitstream only depends on the input frames
+    stream.codec_context.thread_count = 1
+    stream.options = {"crf": "23", "preset": "veryfast"}
+    return container, stream
+
+
+def _write_frames(
+    path: Path,
+    frames: Sequence[np.ndarray] | Iterator[np.ndarray],
+    *,
+    width: int,
+    height: int,
+    fps: float,
+    n_frames: int,
+    with_audio_hz: float | None = None,
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    container, vstream = _open_video(path, width, height, fps)
+    astream = None
+    if with_audio_hz is not None:
+        astream = container.add_stream("aac", rate=_AUDIO_SR)
+        astream.layout = "mono"
+        astream.codec_context.thread_count = 1
+    try:
+        for i, rgb in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
+            frame.pts = i
+            for packet in vstream.encode(frame):
+                container.mux(packet)
+        for packet in vstream.encode():
+            container.mux(packet)
+        if astream is not None:
+            _encode_tone(container, astream, float(with_audio_hz), n_frames / fps)
+    finally:
+        container.close()
+
+
+def _encode_tone(
+    container: av.container.OutputContainer, stream: av.AudioStream, hz: float, seconds: float
+) -> None:
+    n = int(round(seconds * _AUDIO_SR))
+    t = np.arange(n, dtype=np.float64) / _AUDIO_SR
+    wave = (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+    chunk = stream.codec_context.frame_size or 1024
+    for start in range(0, n, chunk):
+        piece = wave[start : start + chunk]
+        frame = av.AudioFrame.from_ndarray(piece.reshape(1, -1), format="fltp", layout="mono")
+        frame.sample_rate = _AUDIO_SR
+        frame.pts = start
+        frame.time_base = Fraction(1, _AUDIO_SR)
+        for packet in stream.encode(frame):
+            container.mux(packet)
+    for packet in stream.encode():
+        container.mux(packet)
+
+
+def write_moving_square_video(
+    path: Path,
+    direction: str,
+    *,
+    width: int = 64,
+    height: int = 64,
+    fps: float = 8.0,
+    frames: int = 16,
+    seed: int = 0,
+    with_audio_hz: float | None = None,
+) -> None:
+    """Write an H.264 mp4 of a red square moving ``direction`` (left/right/up/down/still).
+
+    The square moves about 30 px over the clip (less if the frame is too small); "still" keeps it in
+    place up to 1 px of jitter. With ``with_audio_hz`` an AAC mono track carries a sine tone of that
+    frequency for the same duration.
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"unknown direction {direction!r}; expected one of {', '.join(DIRECTIONS)}")
+    if width < _SQUARE + 2 * _MARGIN or height < _SQUARE + 2 * _MARGIN or width % 2 or height % 2:
+        raise ValueError(f"frame size {width}x{height} must be even and at least {_SQUARE + 2 * _MARGIN} px")
+    if frames < 1 or fps <= 0:
+        raise ValueError("frames must be >= 1 and fps > 0")
+    rng = np.random.default_rng(seed)
+    background = _background(rng, height, width)
+    path_xy = _square_path(direction, rng, width, height, frames)
+
+    def gen() -> Iterator[np.ndarray]:
+        for x, y in path_xy:
+            frame = background.copy()
+            _paint(frame, x, y, _SQUARE, RED)
+            yield frame
+
+    _write_frames(
+        Path(path), gen(), width=width, height=height, fps=fps, n_frames=frames, with_audio_hz=with_audio_hz
+    )
+
+
+def _place_boxes(
+    rng: np.random.Generator, sizes: Sequence[int], width: int, height: int, gap: int
+) -> list[tuple[int, int, int]]:
+    """Non-overlapping square boxes ``(x, y, size)`` at least ``gap`` px apart (rejection sampling)."""
+    for _ in range(1000):
+        boxes: list[tuple[int, int, int]] = []
+        for size in sizes:
+            for _ in range(200):
+                x = int(rng.integers(_MARGIN, width - size - _MARGIN + 1))
+                y = int(rng.integers(_MARGIN, height - size - _MARGIN + 1))
+                if all(
+                    x + size + gap <= bx or bx + bs + gap <= x or y + size + gap <= by or by + bs + gap <= y
+                    for bx, by, bs in boxes
+                ):
+                    boxes.append((x, y, size))
+                    break
+            else:
+                break
+        if len(boxes) == len(sizes):
+            return boxes
+    raise RuntimeError("could not place non-overlapping boxes")  # pragma: no cover
+
+
+def _write_count_video(
+    path: Path, n_blue: int, seed: int, *, size: int = 64, fps: float = 8.0, frames: int = 16
+) -> None:
+    """Static clip: one red square and ``n_blue`` blue squares, all apart from each other."""
+    rng = np.random.default_rng(seed)
+    frame = _background(rng, size, size)
+    boxes = _place_boxes(rng, [_SQUARE] + [_BLUE_SQUARE] * n_blue, size, size, gap=4)
+    (rx, ry, rs), blues = boxes[0], boxes[1:]
+    _paint(frame, rx, ry, rs, RED)
+    for bx, by, bs in blues:
+        _paint(frame, bx, by, bs, BLUE)
+    _write_frames(path, [frame] * frames, width=size, height=size, fps=fps, n_frames=frames)
+
+
+# --------------------------------------------------------------------------------------------
+# NExT-QA
+# --------------------------------------------------------------------------------------------
+
+
+def _write_csv(path: Path, rows: list[dict[str, object]]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(NEXTQA_HEADER), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    path.write_text(buf.getvalue(), encoding="utf-8")
+
+
+def write_nextqa_sample(dest: Path, n_val: int = 48, n_train: int = 96, seed: int = 0) -> None:
+    """Write a NExT-QA-layout sample (``val.csv``, ``train.csv``, ``map_vid_vidorID.json``, ``videos/``).
+
+    Rows alternate between ``TN`` (direction of the red square) and ``DC`` (number of blue squares);
+    every row has its own 64x64, 8 fps, 16-frame H.264 clip.
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    vid_map: dict[str, str] = {}
+    counter = 0
+    qid = 0
+    for split, n in (("val", n_val), ("train", n_train)):
+        rows: list[dict[str, object]] = []
+        for i in range(n):
+            counter += 1
+            video_id = str(_VIDEO_ID_BASE + counter)
+            folder = f"{(counter - 1) // _VIDEOS_PER_FOLDER:04d}"
+            vid_map[video_id] = f"{folder}/{video_id}"
+            video_path = dest / "videos" / folder / f"{video_id}.mp4"
+            clip_seed = int(rng.integers(0, 2**31 - 1))
+            if i % 2 == 0:
+                qtype, question = "TN", TN_QUESTION
+                direction = DIRECTIONS[int(rng.integers(len(DIRECTIONS)))]
+                options = [_DIRECTION_OPTION[d] for d in DIRECTIONS]
+                correct = _DIRECTION_OPTION[direction]
+                write_moving_square_video(video_path, direction, seed=clip_seed)
+            else:
+                qtype, question = "DC", DC_QUESTION
+                count = int(rng.integers(1, 6))
+                options = list(_NUMBER_WORDS)
+                correct = _NUMBER_WORDS[count - 1]
+                _write_count_video(video_path, count, clip_seed)
+            options = [options[k] for k in rng.permutation(len(options))]
+            row: dict[str, object] = {
+                "video": video_id,
+                "frame_count": 16,
+                "width": 64,
+                "height": 64,
+                "question": question,
+                "answer": options.index(correct),
+                "qid": qid,
+                "type": qtype,
+            }
+            row.update({f"a{k}": opt for k, opt in enumerate(options)})
+            rows.append(row)
+            qid += 1
+        _write_csv(dest / f"{split}.csv", rows)
+    (dest / "map_vid_vidorID.json").write_text(json.dumps(vid_map, indent=1) + "\n", encoding="utf-8")
+
+
+# --------------------------------------------------------------------------------------------
+# AVQA (EchoInk-R1 AVQA-R1-6K layout)
+# --------------------------------------------------------------------------------------------
+
+
+def _tone(hz: float, seconds: float, amp: float = 0.5, fade: float = 0.005) -> np.ndarray:
+    n = int(round(seconds * _AUDIO_SR))
+    t = np.arange(n) / _AUDIO_SR
+    wave = amp * np.sin(2 * np.pi * hz * t)
+    k = min(int(fade * _AUDIO_SR), n // 2)
+    if k:
+        ramp = np.linspace(0.0, 1.0, k)
+        wave[:k] *= ramp
+        wave[-k:] *= ramp[::-1]
+    return wave
+
+
+def _silence_with_noise(rng: np.random.Generator, seconds: float, level: float = 0.003) -> np.ndarray:
+    return rng.normal(0.0, level, int(round(seconds * _AUDIO_SR)))
+
+
+def _place(wave: np.ndarray, clip: np.ndarray, start_s: float) -> None:
+    start = int(round(start_s * _AUDIO_SR))
+    wave[start : start + len(clip)] += clip
+
+
+def _beeps_audio(rng: np.random.Generator, count: int) -> np.ndarray:
+    wave = _silence_with_noise(rng, _AVQA_SECONDS)
+    beep, gap = 0.12, float(rng.uniform(0.10, 0.13))
+    t = float(rng.uniform(0.04, 0.08))
+    for _ in range(count):
+        _place(wave, _tone(880.0, beep), t)
+        t += beep + gap
+    return wave
+
+
+def _hum_audio(rng: np.random.Generator) -> np.ndarray:
+    base = float(rng.choice([100.0, 120.0, 150.0]))
+    n = int(round(_AVQA_SECONDS * _AUDIO_SR))
+    t = np.arange(n) / _AUDIO_SR
+    hum = 0.15 * np.sin(2 * np.pi * base * t) + 0.05 * np.sin(2 * np.pi * 2 * base * t)
+    return hum + _silence_with_noise(rng, _AVQA_SECONDS)
+
+
+def _pitch_audio(rng: np.random.Generator, answer: str) -> np.ndarray:
+    wave = _silence_with_noise(rng, _AVQA_SECONDS)
+    first = float(rng.choice([392.0, 440.0, 494.0]))
+    second = {"higher": first * 1.5, "lower": first / 1.5, "the same": first}.get(answer)
+    _place(wave, _tone(first, 0.3), 0.1)
+    if second is not None:
+        _place(wave, _tone(second, 0.3), 0.6)
+    return wave
+
+
+def _random_shapes_image(rng: np.random.Generator) -> Image.Image:
+    """A few random non-red shapes: filler for questions about the audio."""
+    bg = tuple(int(v) for v in rng.integers(200, 246, size=3))
+    img = Image.new("RGB", (_AVQA_IMAGE, _AVQA_IMAGE), bg)
+    draw = ImageDraw.Draw(img)
+    palette = [(40, 160, 60), (230, 200, 40), (60, 60, 200), (120, 120, 120), (150, 70, 180)]
+    for _ in range(int(rng.integers(2, 5))):
+        x0, y0 = (int(v) for v in rng.integers(0, _AVQA_IMAGE - 16, size=2))
+        w, h = (int(v) for v in rng.integers(8, 17, size=2))
+        color = palette[int(rng.integers(len(palette)))]
+        if rng.random() < 0.5:
+            draw.rectangle([x0, y0, x0 + w, y0 + h], fill=color)
+        else:
+            draw.ellipse([x0, y0, x0 + w, y0 + h], fill=color)
+    return img
+
+
+def _circles_image(rng: np.random.Generator, count: int) -> Image.Image:
+    bg = tuple(int(v) for v in rng.integers(215, 246, size=3))
+    img = Image.new("RGB", (_AVQA_IMAGE, _AVQA_IMAGE), bg)
+    draw = ImageDraw.Draw(img)
+    radius = 6
+    with_square = bool(rng.random() < 0.5)
+    sizes = [2 * radius + 1] * count + ([8] if with_square else [])
+    boxes = _place_boxes(rng, sizes, _AVQA_IMAGE, _AVQA_IMAGE, gap=3)
+    for x, y, s in boxes[:count]:
+        draw.ellipse([x, y, x + s - 1, y + s - 1], fill=RED)
+    if with_square:
+        x, y, s = boxes[-1]
+        draw.rectangle([x, y, x + s - 1, y + s - 1], fill=BLUE)
+    return img
+
+
+def _letter_options(options: list[str]) -> list[str]:
+    return [f"{'ABCD'[k]}. {opt}" for k, opt in enumerate(options)]
+
+
+def _write_avqa_split(dest: Path, split: str, n: int, rng: np.random.Generator) -> None:
+    split_dir = dest / split
+    (split_dir / "images").mkdir(parents=True, exist_ok=True)
+    (split_dir / "audios").mkdir(parents=True, exist_ok=True)
+    items: list[dict[str, object]] = []
+    for i in range(n):
+        kind = i % 3
+        if kind == 0:
+            count = int(rng.integers(1, 5))
+            question, options, correct = BEEP_QUESTION, list(_NUMBER_WORDS[:4]), _NUMBER_WORDS[count - 1]
+            audio, image = _beeps_audio(rng, count), _random_shapes_image(rng)
+        elif kind == 1:
+            count = int(rng.integers(1, 5))
+            question, options, correct = CIRCLE_QUESTION, list(_NUMBER_WORDS[:4]), _NUMBER_WORDS[count - 1]
+            audio, image = _hum_audio(rng), _circles_image(rng, count)
+        else:
+            correct = PITCH_OPTIONS[int(rng.integers(len(PITCH_OPTIONS)))]
+            question, options = PITCH_QUESTION, list(PITCH_OPTIONS)
+            audio, image = _pitch_audio(rng, correct), _random_shapes_image(rng)
+        options = [options[k] for k in rng.permutation(len(options))]
+        letter = "ABCD"[options.index(correct)]
+        image_rel, audio_rel = f"images/sample_{i}.jpg", f"audios/sample_{i}.wav"
+        image.save(split_dir / image_rel, format="JPEG", quality=90)
+        sf.write(split_dir / audio_rel, np.clip(audio, -1.0, 1.0), _AUDIO_SR, subtype="PCM_16", format="WAV")
+        items.append(
+            {
+                "problem_id": i,
+                "problem": question,
+                "data_type": "image_audio",
+                "problem_type": "multiple choice",
+                "qa_type": "avqa",
+                "options": _letter_options(options),
+                "solution": f"<answer>{letter}</answer>",
+                "path": {"image": image_rel, "audio": audio_rel},
+                "data_source": "relax-gym-synth",
+            }
+        )
+    out = split_dir / f"omni_rl_format_{split}.json"
+    out.write_text(json.dumps(items, indent=1) + "\n", encoding="utf-8")
+
+
+def write_avqa_sample(dest: Path, n_valid: int = 48, n_train: int = 96, seed: int = 1) -> None:
+    """Write an AVQA-R1-6K-layout sample (``train/`` and ``valid/`` with json, ``images/``, ``audios/``).
+
+    Items rotate between counting beeps (audio), counting red circles (image) and comparing the
+    pitch of two tones (audio); each has four options A-D.
+    """
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    _write_avqa_split(dest, "valid", n_valid, rng)
+    _write_avqa_split(dest, "train", n_train, rng)

@@ -1,0 +1,318 @@
+"""Decoding of media to numpy arrays: PyAV for video (and audio tracks), Pillow for images, soundfile for
+wav/flac/ogg. Every failure becomes one :class:`MediaError` naming the source.
+
+The functions here are pure (no caching); :mod:`relax_gym.omni.cache` wraps them.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import av
+import numpy as np
+import soundfile as sf
+from PIL import Image, UnidentifiedImageError
+
+from relax_gym.omni.errors import MediaError
+from relax_gym.omni.sampling import AudioSampling, ImageSampling, VideoSampling
+
+SOUNDFILE_SUFFIXES = frozenset({".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif"})
+_SOUNDFILE_MAGIC = (b"RIFF", b"fLaC", b"OggS", b"FORM")
+
+
+@dataclass(frozen=True)
+class DecodedAudio:
+    waveform: np.ndarray  # float32 (N,), mono, in [-1, 1]
+    sample_rate: int
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.waveform) / self.sample_rate
+
+    @property
+    def nbytes(self) -> int:
+        return self.waveform.nbytes
+
+
+@dataclass(frozen=True)
+class DecodedVideo:
+    frames: np.ndarray  # uint8 (T, H, W, 3)
+    timestamps: np.ndarray  # float64 (T,), seconds from the start of the file
+    native_fps: float
+    duration_s: float
+    audio: DecodedAudio | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.frames.nbytes + self.timestamps.nbytes + (self.audio.nbytes if self.audio else 0)
+
+
+def fit_pixels(width: int, height: int, max_pixels: int) -> tuple[int, int]:
+    """Largest (w, h) with the same aspect ratio and w*h <= max_pixels; never upscales."""
+    if width * height <= max_pixels:
+        return width, height
+    scale = math.sqrt(max_pixels / (width * height))
+    w, h = max(1, int(width * scale)), max(1, int(height * scale))
+    while w * h > max_pixels:  # guard against float rounding
+        w, h = max(1, w - 1), max(1, h - 1)
+    return w, h
+
+
+def sample_times(start_s: float, end_s: float, spec: VideoSampling, native_fps: float) -> np.ndarray:
+    """Target timestamps: one every 1/fps (capped at the native rate), spread uniformly when more than
+    ``max_frames`` would result and at least ``min_frames`` when the span allows it."""
+    span = max(end_s - start_s, 0.0)
+    fps = min(spec.fps, native_fps) if native_fps > 0 else spec.fps
+    n = int(math.floor(span * fps + 1e-9))
+    n = max(n, spec.min_frames, 1)
+    if native_fps > 0:
+        n = min(n, max(1, int(round(span * native_fps))))
+    n = min(n, spec.max_frames)
+    step = span / n
+    return start_s + step * (np.arange(n) + 0.5) if n > 0 else np.zeros(0)
+
+
+# ---------------------------------------------------------------------------------------------- video
+
+
+def decode_video(source: Path | bytes, spec: VideoSampling, *, name: str | None = None) -> DecodedVideo:
+    label = name or _label(source)
+    try:
+        with av.open(_as_file(source), mode="r") as container:
+            if not container.streams.video:
+                raise MediaError(label, "no video stream in file")
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            native_fps = float(stream.average_rate or stream.guessed_rate or 0.0)
+            duration = _stream_duration(container, stream)
+            if duration is None:
+                raise MediaError(label, "video duration unknown (no stream or container duration)")
+            start = min(spec.start_s, duration)
+            end = duration if spec.end_s is None else min(spec.end_s, duration)
+            if end <= start:
+                raise MediaError(label, f"requested span [{spec.start_s}, {spec.end_s}) lies outside the video ({duration:.3f} s)")
+            targets = sample_times(start, end, spec, native_fps)
+            frames, stamps = _pick_frames(container, stream, targets, start, spec.max_pixels)
+            if not frames:
+                raise MediaError(label, "no decodable video frames in the requested span")
+    except MediaError:
+        raise
+    except (av.FFmpegError, OSError, ValueError, IndexError) as exc:
+        raise MediaError(label, f"cannot decode video: {exc}") from exc
+    audio = None
+    if spec.audio is not None:
+        track_spec = spec.audio.model_copy(
+            update={"start_s": max(spec.audio.start_s, start), "end_s": spec.audio.end_s or end}
+        )
+        audio = decode_audio(source, track_spec, name=label, prefer_av=True)
+    return DecodedVideo(
+        frames=_readonly(np.stack(frames)),
+        timestamps=_readonly(np.asarray(stamps, dtype=np.float64)),
+        native_fps=native_fps,
+        duration_s=duration,
+        audio=audio,
+    )
+
+
+def _stream_duration(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> float | None:
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None:
+        return container.duration / av.time_base
+    if stream.frames and stream.average_rate:
+        return stream.frames / float(stream.average_rate)
+    return None
+
+
+def _pick_frames(container, stream, targets: np.ndarray, start: float, max_pixels: int):
+    """Decode sequentially and keep, for each target time, the first frame whose display interval reaches it."""
+    if start > 0 and stream.time_base is not None:
+        container.seek(int(start / stream.time_base), stream=stream, backward=True, any_frame=False)
+    frames: list[np.ndarray] = []
+    stamps: list[float] = []
+    j = 0
+    size: tuple[int, int] | None = None
+    last = None
+    for frame in container.decode(stream):
+        if frame.time is None:
+            continue
+        t = float(frame.time)
+        if size is None:
+            size = fit_pixels(frame.width, frame.height, max_pixels)
+        half = 0.5 / float(stream.average_rate) if stream.average_rate else 0.0
+        while j < len(targets) and t + half >= targets[j]:
+            frames.append(frame.to_ndarray(format="rgb24", width=size[0], height=size[1]))
+            stamps.append(t)
+            j += 1
+        last = (frame, t)
+        if j >= len(targets):
+            break
+    # Streams whose last frames end early (rounded durations): fill remaining targets with the last frame.
+    if last is not None and j < len(targets) and frames:
+        while j < len(targets):
+            frames.append(frames[-1])
+            stamps.append(last[1])
+            j += 1
+    return frames, stamps
+
+
+def video_from_array(frames: np.ndarray, fps: float, spec: VideoSampling, *, name: str = "<array>") -> DecodedVideo:
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+        raise MediaError(name, f"video array must be uint8 (T, H, W, 3), got {frames.dtype} {frames.shape}")
+    duration = frames.shape[0] / fps
+    start = min(spec.start_s, duration)
+    end = duration if spec.end_s is None else min(spec.end_s, duration)
+    targets = sample_times(start, end, spec, fps)
+    idx = np.clip(np.floor(targets * fps).astype(int), 0, frames.shape[0] - 1)
+    w, h = fit_pixels(frames.shape[2], frames.shape[1], spec.max_pixels)
+    picked = [_resize(frames[i], w, h) for i in idx]
+    return DecodedVideo(
+        frames=_readonly(np.stack(picked)),
+        timestamps=_readonly(idx / fps),
+        native_fps=fps,
+        duration_s=duration,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- image
+
+
+def decode_image(source: Path | bytes, spec: ImageSampling, *, name: str | None = None) -> np.ndarray:
+    label = name or _label(source)
+    try:
+        with Image.open(_as_file(source)) as img:
+            img.load()
+            rgb = img.convert("RGB")
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise MediaError(label, f"cannot decode image: {exc}") from exc
+    return _readonly(image_to_array(rgb, spec))
+
+
+def image_to_array(img: Image.Image, spec: ImageSampling) -> np.ndarray:
+    w, h = fit_pixels(img.width, img.height, spec.max_pixels)
+    if (w, h) != (img.width, img.height):
+        img = img.resize((w, h), Image.Resampling.BICUBIC)
+    return np.asarray(img, dtype=np.uint8)
+
+
+def image_from_array(array: np.ndarray, spec: ImageSampling, *, name: str = "<array>") -> np.ndarray:
+    if array.ndim != 3 or array.shape[-1] != 3 or array.dtype != np.uint8:
+        raise MediaError(name, f"image array must be uint8 (H, W, 3), got {array.dtype} {array.shape}")
+    return _readonly(image_to_array(Image.fromarray(array), spec))
+
+
+# ---------------------------------------------------------------------------------------------- audio
+
+
+def decode_audio(
+    source: Path | bytes, spec: AudioSampling, *, name: str | None = None, prefer_av: bool = False
+) -> DecodedAudio:
+    label = name or _label(source)
+    if not prefer_av and _is_soundfile(source):
+        wave, rate = _read_soundfile(source, label)
+    else:
+        wave, rate = _read_av_audio(source, label, spec)
+    return audio_from_array(wave, rate, spec, name=label)
+
+
+def audio_from_array(wave: np.ndarray, rate: float, spec: AudioSampling, *, name: str = "<array>") -> DecodedAudio:
+    wave = np.asarray(wave)
+    if wave.ndim == 2:  # (N, C) -> mono
+        wave = wave.mean(axis=1)
+    if wave.ndim != 1 or not np.issubdtype(wave.dtype, np.floating):
+        raise MediaError(name, f"audio array must be float (N,) or (N, C), got {wave.dtype} {wave.shape}")
+    rate = int(round(rate))
+    first = int(round(spec.start_s * rate))
+    last = len(wave) if spec.end_s is None else min(len(wave), int(round(spec.end_s * rate)))
+    last = min(last, first + int(spec.max_seconds * rate))
+    if first >= len(wave) and len(wave) > 0:
+        raise MediaError(name, f"start_s={spec.start_s} is past the end of the audio ({len(wave) / rate:.3f} s)")
+    wave = wave[first:last].astype(np.float32, copy=False)
+    if rate != spec.sample_rate:
+        wave = resample(wave, rate, spec.sample_rate)
+    return DecodedAudio(waveform=_readonly(np.ascontiguousarray(wave, dtype=np.float32)), sample_rate=spec.sample_rate)
+
+
+def resample(wave: np.ndarray, rate: int, target: int) -> np.ndarray:
+    """Band-limited resampling of a mono float signal through libswresample (PyAV)."""
+    if len(wave) == 0:
+        return wave.astype(np.float32)
+    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(wave, dtype=np.float32).reshape(1, -1), format="flt", layout="mono")
+    frame.sample_rate = rate
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=target)
+    chunks = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+    chunks += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    out = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+    return out.astype(np.float32, copy=False)
+
+
+def _read_soundfile(source: Path | bytes, label: str) -> tuple[np.ndarray, int]:
+    try:
+        wave, rate = sf.read(_as_file(source), dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as exc:
+        raise MediaError(label, f"cannot decode audio: {exc}") from exc
+    return wave.mean(axis=1), rate
+
+
+def _read_av_audio(source: Path | bytes, label: str, spec: AudioSampling) -> tuple[np.ndarray, int]:
+    try:
+        with av.open(_as_file(source), mode="r") as container:
+            if not container.streams.audio:
+                raise MediaError(label, "no audio stream in file")
+            stream = container.streams.audio[0]
+            # Resample inside the decode loop: constant memory per chunk, and the rate we hand back is known.
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=spec.sample_rate)
+            limit_s = (spec.end_s if spec.end_s is not None else math.inf)
+            limit_s = min(limit_s, spec.start_s + spec.max_seconds)
+            chunks: list[np.ndarray] = []
+            for frame in container.decode(stream):
+                for out in resampler.resample(frame):
+                    chunks.append(out.to_ndarray().reshape(-1))
+                if frame.time is not None and frame.time > limit_s:
+                    break
+            for out in resampler.resample(None):
+                chunks.append(out.to_ndarray().reshape(-1))
+    except MediaError:
+        raise
+    except (av.FFmpegError, OSError, ValueError) as exc:
+        raise MediaError(label, f"cannot decode audio: {exc}") from exc
+    if not chunks:
+        raise MediaError(label, "audio stream holds no samples")
+    return np.concatenate(chunks).astype(np.float32, copy=False), spec.sample_rate
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _is_soundfile(source: Path | bytes) -> bool:
+    if isinstance(source, bytes):
+        return source[:4] in _SOUNDFILE_MAGIC
+    return Path(source).suffix.lower() in SOUNDFILE_SUFFIXES
+
+
+def _as_file(source: Path | bytes) -> str | BinaryIO:
+    if isinstance(source, bytes):
+        return io.BytesIO(source)
+    path = Path(source)
+    if not path.is_file():
+        raise MediaError(str(path), "file not found")
+    return str(path)
+
+
+def _label(source: Path | bytes) -> str:
+    return f"<{len(source)} bytes>" if isinstance(source, bytes) else str(source)
+
+
+def _resize(frame: np.ndarray, w: int, h: int) -> np.ndarray:
+    if (frame.shape[1], frame.shape[0]) == (w, h):
+        return frame
+    return np.asarray(Image.fromarray(frame).resize((w, h), Image.Resampling.BICUBIC))
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
