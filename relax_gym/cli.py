@@ -52,16 +52,23 @@ def _make(env_id: str, kwargs: dict[str, Any]):
 def envs_list() -> None:
     """List registered environments (and manifests that failed to load)."""
     registry = _registry()
-    table = Table("id", "modalities", "source", "description", box=None)
+    table = Table("id", "modalities", "source", box=None)
     for env_id in registry.list_envs():
         s = registry.spec(env_id)
-        table.add_row(env_id, ",".join(s.modalities), s.source, s.description[:70])
+        table.add_row(env_id, ",".join(s.modalities), _short_path(s.source))
     console.print(table)
     errors = registry.discovery_errors()
     for e in errors:
         err_console.print(f"[red]failed to load:[/] {e}")
     if errors:
         raise typer.Exit(1)
+
+
+def _short_path(source: str) -> str:
+    try:
+        return str(Path(source).relative_to(Path.cwd()))
+    except ValueError:
+        return source
 
 
 @envs_app.command("show")

@@ -1,0 +1,60 @@
+"""The relax-gym command line, driven through typer's runner (same code path as the console script)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from relax_gym.cli import app
+
+runner = CliRunner()
+
+
+def test_envs_list_and_show():
+    result = runner.invoke(app, ["envs", "list"])
+    assert result.exit_code == 0, result.output
+    assert "nextqa-video" in result.output and "echo-ink" in result.output
+    result = runner.invoke(app, ["envs", "show", "echo-ink"])
+    assert result.exit_code == 0 and "relax_gym.envs.multiple_choice:MultipleChoiceEnv" in result.output
+    assert '"format": "r1json"' in result.output
+
+
+def test_envs_check_all_exits_zero():
+    result = runner.invoke(app, ["envs", "check", "--all"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("ok ") == 2
+
+
+def test_envs_check_needs_an_id_or_all():
+    assert runner.invoke(app, ["envs", "check"]).exit_code == 2
+
+
+def test_play_gold_prints_media_summaries_and_rewards():
+    result = runner.invoke(app, ["envs", "play", "nextqa-video", "--episodes", "2"])
+    assert result.exit_code == 0, result.output
+    assert "[video 16 frames 64x64" in result.output and "native 8.0 fps" in result.output
+    assert "breakdown {'accuracy': 1.0, 'format': 1.0}" in result.output
+    assert "mean return over 2 episode(s): 1.000" in result.output
+    result = runner.invoke(app, ["envs", "play", "echo-ink"])
+    assert "[image 64x64" in result.output and "[audio 1.00s @ 16000 Hz" in result.output
+
+
+def test_play_stdin_and_random():
+    result = runner.invoke(app, ["envs", "play", "echo-ink", "--policy", "stdin"], input="<answer>Z</answer>\n")
+    assert result.exit_code == 0 and "reward 0.000" in result.output
+    result = runner.invoke(app, ["envs", "play", "echo-ink", "--policy", "random", "--episodes", "3"])
+    assert result.exit_code == 0 and result.output.count("assistant: <think>guessing</think>") == 3
+
+
+def test_unknown_env_is_one_clear_error():
+    result = runner.invoke(app, ["envs", "play", "nextqa-vid"])
+    assert result.exit_code == 1
+    assert "error: no environment 'nextqa-vid'. Did you mean: nextqa-video?" in " ".join(result.output.split())
+
+
+def test_console_script_is_installed():
+    exe = sys.executable.replace("/python", "/relax-gym") if sys.executable.endswith("/python") else None
+    proc = subprocess.run([exe or "relax-gym", "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "envs" in proc.stdout
