@@ -16,6 +16,8 @@ from rich.table import Table
 app = typer.Typer(help="relax-gym: omni-modal agentic RL environments and trainer.", no_args_is_help=True, pretty_exceptions_enable=False)
 envs_app = typer.Typer(help="List, inspect, check and play environments.", no_args_is_help=True)
 app.add_typer(envs_app, name="envs")
+sandbox_app = typer.Typer(help="Sandboxes for tool code: build the base image, diagnose backends.", no_args_is_help=True)
+app.add_typer(sandbox_app, name="sandbox")
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
@@ -172,6 +174,41 @@ def _print_messages(messages) -> None:
         for part in m.content:
             text = part.summary() if part.kind != "text" else part.text.replace("\n", "\n  ")
             console.print("  " + text, markup=False)
+
+
+@sandbox_app.command("doctor")
+def sandbox_doctor() -> None:
+    """Which sandbox backends work on this machine, and why not; exit 1 when none does."""
+    from relax_gym.sandbox.backends import ENV_VAR, doctor, select_backend
+    from relax_gym.sandbox.base import SandboxUnavailable
+
+    for name, problem in doctor().items():
+        if problem is None:
+            console.print(f"[green]ok[/]      {name}")
+        else:
+            console.print(f"[red]missing[/] {name}: " + escape(problem))
+    try:
+        chosen = select_backend().name
+    except SandboxUnavailable as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"selected: {chosen} ({ENV_VAR}={__import__('os').environ.get(ENV_VAR, 'auto')})")
+
+
+@sandbox_app.command("build-image")
+def sandbox_build_image(
+    tag: Annotated[str | None, typer.Option(help="image tag (default: the SandboxSpec default image)")] = None,
+    force: Annotated[bool, typer.Option(help="rebuild even if the tag exists")] = False,
+) -> None:
+    """Build the base sandbox image (python3, bash, busybox) with `docker import`: no registry needed."""
+    from relax_gym.sandbox.base import SandboxError
+    from relax_gym.sandbox.image import build_base_image
+    from relax_gym.sandbox.spec import DEFAULT_IMAGE
+
+    try:
+        image_id = build_base_image(tag or DEFAULT_IMAGE, force=force)
+    except SandboxError as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"built {tag or DEFAULT_IMAGE} ({image_id})")
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+SHARED = Path(os.environ.get("RELAX_GYM_SHARED", REPO.parent / "shared"))
 
 # Bundled samples go to a cache inside the checkout unless the caller chose one (CI does).
 os.environ.setdefault("RELAX_GYM_CACHE", str(REPO / ".cache" / "relax-gym"))

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from relax_gym.envs.datasets import DatasetSpec
 from relax_gym.envs.rewards import MultipleChoiceReward
+from relax_gym.sandbox.spec import SandboxSpec
 
 MANIFEST_NAME = "env.toml"
 DATA_ENV_ENTRY_POINT = "relax_gym.envs.multiple_choice:MultipleChoiceEnv"
@@ -39,7 +40,7 @@ class EnvManifest(BaseModel):
     reward: MultipleChoiceReward | None = None
     modalities: list[Literal["text", "image", "video", "audio"]] = Field(default_factory=list)
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    sandbox: dict[str, Any] | None = None
+    sandbox: SandboxSpec | None = None  # passed to the env as kwargs['sandbox']
     tags: list[str] = Field(default_factory=list)
 
     @field_validator("id")
@@ -73,6 +74,8 @@ class EnvManifest(BaseModel):
             kwargs["dataset"] = self.dataset.model_dump()
         if self.reward is not None:
             kwargs["reward"] = self.reward.model_dump()
+        if self.sandbox is not None:
+            kwargs["sandbox"] = self.sandbox.model_dump()
         return kwargs
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -160,9 +161,14 @@ def _source_from_url(url: str, where: str) -> MediaSource:
         if mime == _NPY_MIME:
             try:
                 array = np.load(io.BytesIO(data), allow_pickle=False)
-            except ValueError as exc:
-                raise ConversationFormatError(f"{where}: data URL holds no valid .npy array") from exc
-            rate = float(params["rate"]) if "rate" in params else None
+            except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
+                raise ConversationFormatError(f"{where}: data URL holds no valid .npy array ({exc})") from exc
+            if not isinstance(array, np.ndarray):
+                raise ConversationFormatError(f"{where}: data URL holds an .npz archive, not one .npy array")
+            try:
+                rate = float(params["rate"]) if "rate" in params else None
+            except ValueError:
+                raise ConversationFormatError(f"{where}: data URL rate={params['rate']!r} is not a number") from None
             return MediaSource(array=array, rate=rate)
         return MediaSource(data=data, mime=mime or None)
     parsed = urlparse(url)

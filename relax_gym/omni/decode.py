@@ -96,7 +96,7 @@ def decode_video(source: Path | bytes, spec: VideoSampling, *, name: str | None 
             if end <= start:
                 raise MediaError(label, f"requested span [{spec.start_s}, {spec.end_s}) lies outside the video ({duration:.3f} s)")
             targets = sample_times(start, end, spec, native_fps)
-            frames, stamps = _pick_frames(container, stream, targets, start, spec.max_pixels)
+            frames, stamps = _pick_frames(container, stream, targets, start, spec.max_pixels, label)
             if not frames:
                 raise MediaError(label, "no decodable video frames in the requested span")
     except MediaError:
@@ -128,44 +128,54 @@ def _stream_duration(container: av.container.InputContainer, stream: av.video.st
     return None
 
 
-def _pick_frames(container, stream, targets: np.ndarray, start: float, max_pixels: int):
-    """Decode sequentially and keep, for each target time, the first frame whose display interval reaches it."""
+def _pick_frames(container, stream, targets: np.ndarray, start: float, max_pixels: int, label: str):
+    """Decode sequentially and give each target time the nearest frame. Ties (a target exactly between two frames,
+    as when sampling at the native rate) go to the earlier frame, with a margin so float rounding cannot flip them
+    and pick one frame twice while skipping its neighbour."""
     if start > 0 and stream.time_base is not None:
         container.seek(int(start / stream.time_base), stream=stream, backward=True, any_frame=False)
+    dt = 1.0 / float(stream.average_rate) if stream.average_rate else 0.0
     frames: list[np.ndarray] = []
     stamps: list[float] = []
     j = 0
     size: tuple[int, int] | None = None
-    last = None
+    last_t: float | None = None
     for frame in container.decode(stream):
         if frame.time is None:
             continue
         t = float(frame.time)
+        last_t = t
         if size is None:
             size = fit_pixels(frame.width, frame.height, max_pixels)
-        half = 0.5 / float(stream.average_rate) if stream.average_rate else 0.0
-        while j < len(targets) and t + half >= targets[j]:
-            frames.append(frame.to_ndarray(format="rgb24", width=size[0], height=size[1]))
+        picked = None
+        while j < len(targets) and (targets[j] < t + dt * 0.5005 if dt else targets[j] <= t):
+            if picked is None:
+                picked = frame.to_ndarray(format="rgb24", width=size[0], height=size[1])
+            frames.append(picked)
             stamps.append(t)
             j += 1
-        last = (frame, t)
         if j >= len(targets):
             break
-    # Streams whose last frames end early (rounded durations): fill remaining targets with the last frame.
-    if last is not None and j < len(targets) and frames:
+    if j < len(targets) and frames:
+        # The last frame lasts until the end of the stream; a stream that stops well before the targets is a
+        # truncated file, not a rounding difference.
+        if last_t is None or targets[-1] > last_t + 2 * dt + 0.5:
+            raise MediaError(label, f"video stream stops at {last_t or 0:.2f} s but frames are needed up to {targets[-1]:.2f} s (truncated file?)")
         while j < len(targets):
             frames.append(frames[-1])
-            stamps.append(last[1])
+            stamps.append(stamps[-1])
             j += 1
     return frames, stamps
 
 
 def video_from_array(frames: np.ndarray, fps: float, spec: VideoSampling, *, name: str = "<array>") -> DecodedVideo:
-    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
-        raise MediaError(name, f"video array must be uint8 (T, H, W, 3), got {frames.dtype} {frames.shape}")
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or frames.shape[0] == 0:
+        raise MediaError(name, f"video array must be uint8 (T, H, W, 3) with T >= 1, got {frames.dtype} {frames.shape}")
     duration = frames.shape[0] / fps
-    start = min(spec.start_s, duration)
+    start = spec.start_s
     end = duration if spec.end_s is None else min(spec.end_s, duration)
+    if end <= start:
+        raise MediaError(name, f"requested span [{spec.start_s}, {spec.end_s}) lies outside the video ({duration:.3f} s)")
     targets = sample_times(start, end, spec, fps)
     idx = np.clip(np.floor(targets * fps).astype(int), 0, frames.shape[0] - 1)
     w, h = fit_pixels(frames.shape[2], frames.shape[1], spec.max_pixels)
@@ -221,19 +231,19 @@ def decode_audio(
 
 def audio_from_array(wave: np.ndarray, rate: float, spec: AudioSampling, *, name: str = "<array>") -> DecodedAudio:
     wave = np.asarray(wave)
+    if wave.ndim not in (1, 2) or not np.issubdtype(wave.dtype, np.floating):
+        raise MediaError(name, f"audio array must be float (N,) or (N, C), got {wave.dtype} {wave.shape}")
     if wave.ndim == 2:  # (N, C) -> mono
         wave = wave.mean(axis=1)
-    if wave.ndim != 1 or not np.issubdtype(wave.dtype, np.floating):
-        raise MediaError(name, f"audio array must be float (N,) or (N, C), got {wave.dtype} {wave.shape}")
     rate = int(round(rate))
     first = int(round(spec.start_s * rate))
     last = len(wave) if spec.end_s is None else min(len(wave), int(round(spec.end_s * rate)))
     last = min(last, first + int(spec.max_seconds * rate))
     if first >= len(wave) and len(wave) > 0:
         raise MediaError(name, f"start_s={spec.start_s} is past the end of the audio ({len(wave) / rate:.3f} s)")
-    wave = wave[first:last].astype(np.float32, copy=False)
-    if rate != spec.sample_rate:
-        wave = resample(wave, rate, spec.sample_rate)
+    wave = wave[first:last]
+    # Always a private copy: the result is cached read-only and must not alias the caller's array.
+    wave = resample(wave, rate, spec.sample_rate) if rate != spec.sample_rate else np.array(wave, dtype=np.float32)
     return DecodedAudio(waveform=_readonly(np.ascontiguousarray(wave, dtype=np.float32)), sample_rate=spec.sample_rate)
 
 
@@ -265,17 +275,17 @@ def _read_av_audio(source: Path | bytes, label: str, spec: AudioSampling) -> tup
                 raise MediaError(label, "no audio stream in file")
             stream = container.streams.audio[0]
             # Resample inside the decode loop: constant memory per chunk, and the rate we hand back is known.
-            resampler = av.AudioResampler(format="flt", layout="mono", rate=spec.sample_rate)
+            resampler = av.AudioResampler(format="fltp", layout=stream.layout.name, rate=spec.sample_rate)
             limit_s = (spec.end_s if spec.end_s is not None else math.inf)
             limit_s = min(limit_s, spec.start_s + spec.max_seconds)
             chunks: list[np.ndarray] = []
             for frame in container.decode(stream):
                 for out in resampler.resample(frame):
-                    chunks.append(out.to_ndarray().reshape(-1))
+                    chunks.append(out.to_ndarray().mean(axis=0))  # (channels, n) planar -> mean mono
                 if frame.time is not None and frame.time > limit_s:
                     break
             for out in resampler.resample(None):
-                chunks.append(out.to_ndarray().reshape(-1))
+                chunks.append(out.to_ndarray().mean(axis=0))
     except MediaError:
         raise
     except (av.FFmpegError, OSError, ValueError) as exc:

@@ -62,6 +62,8 @@ class MediaSource:
             raise ValueError("a media source needs exactly one of path, data or array")
         if self.path is not None:
             object.__setattr__(self, "path", Path(os.path.abspath(self.path)))
+        if self.rate is not None:  # 16000 and 16000.0 are the same source (and survive a JSON round trip)
+            object.__setattr__(self, "rate", float(self.rate))
 
     @classmethod
     def of(cls, value: str | os.PathLike | bytes | np.ndarray | MediaSource, *, rate: float | None = None, mime: str | None = None) -> MediaSource:

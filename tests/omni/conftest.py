@@ -4,17 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
-import soundfile as sf
 
 from relax_gym.envs.synth import write_moving_square_video
 from relax_gym.omni import DecodeCache
 
-from .media import tone, write_indexed_video
-
-TONE_HZ = 440.0
-SYNTH_SR = 16_000  # rate of the AAC track write_moving_square_video writes
+from .media import TONE_HZ, write_indexed_video
 
 
 @pytest.fixture(scope="session")
@@ -42,16 +37,6 @@ def silent_clip(media_dir: Path) -> Path:
     path = media_dir / "square_silent.mp4"
     write_moving_square_video(path, "left", fps=8.0, frames=16)
     return path
-
-
-@pytest.fixture(scope="session")
-def stereo_wav(media_dir: Path) -> tuple[Path, float]:
-    """2 s of 44.1 kHz stereo: left 1000 Hz (amp .5), right 300 Hz (amp .2). Returns (path, left_hz)."""
-    rate = 44_100
-    left, right = tone(1000.0, 2.0, rate, 0.5), tone(300.0, 2.0, rate, 0.2)
-    path = media_dir / "stereo.wav"
-    sf.write(path, np.stack([left, right], axis=1), rate)
-    return path, 1000.0
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import numpy as np
 import soundfile as sf
 
 INDEX_BITS = 8
+TONE_HZ = 440.0  # frequency of the AAC tone in the conftest clip_with_audio fixture
 
 
 def index_frame(i: int, width: int, height: int) -> np.ndarray:
@@ -35,10 +36,18 @@ def read_index(frame: np.ndarray) -> int:
 
 
 def write_indexed_video(
-    path: Path, *, fps: float = 30.0, frames: int = 90, width: int = 96, height: int = 64, pix_fmt: str = "yuv420p"
+    path: Path,
+    *,
+    fps: float = 30.0,
+    frames: int = 90,
+    width: int = 96,
+    height: int = 64,
+    pix_fmt: str = "yuv420p",
+    faststart: bool = False,
 ) -> Path:
-    """H.264 mp4 whose frame ``i`` shows :func:`index_frame` ``(i)``."""
-    container = av.open(str(path), mode="w", format="mp4")
+    """H.264 mp4 whose frame ``i`` shows :func:`index_frame` ``(i)``. ``faststart`` puts the index (moov) first."""
+    options = {"movflags": "faststart"} if faststart else {}
+    container = av.open(str(path), mode="w", format="mp4", options=options)
     stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
     stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
     stream.codec_context.thread_count = 1

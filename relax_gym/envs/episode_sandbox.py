@@ -1,0 +1,61 @@
+"""A sandbox for the lifetime of one episode, leased lazily from a process-wide pool.
+
+Nothing is created until the first tool call; the lease's deadline is the episode's (``episode_timeout_s`` after
+the first call), so a hung tool cannot outlive the episode; ``release()`` at episode end hands the sandbox back
+for a reset. Synchronous, for gymnasium envs: the pool lives on the shared sandbox loop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from relax_gym.sandbox import sync
+from relax_gym.sandbox.backends import select_backend
+from relax_gym.sandbox.base import ExecResult
+from relax_gym.sandbox.pool import Lease, SandboxPool
+from relax_gym.sandbox.spec import SandboxSpec
+
+_pools: dict[str, SandboxPool] = {}
+_pools_lock = threading.Lock()
+
+
+def shared_pool(backend_name: str | None = None) -> SandboxPool:
+    """One pool per backend per process (backend from RELAX_GYM_SANDBOX / auto when None)."""
+    backend = select_backend(backend_name)
+    with _pools_lock:
+        pool = _pools.get(backend.name)
+        if pool is None or pool._closed:
+            pool = _pools[backend.name] = SandboxPool(backend, max_size=32)
+    return pool
+
+
+class EpisodeSandbox:
+    def __init__(self, spec: SandboxSpec, *, backend: str | None = None, episode_timeout_s: float = 300.0) -> None:
+        self.spec = spec
+        self.backend_name = backend
+        self.episode_timeout_s = episode_timeout_s
+        self._lease: Lease | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._lease is not None
+
+    def exec(self, cmd: str | list[str], timeout: float | None = None, stdin: bytes | str | None = None) -> ExecResult:
+        return sync.run(self._ensure().exec(cmd, timeout, stdin))
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        sync.run(self._ensure().write_file(path, data))
+
+    def release(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            pool = shared_pool(self.backend_name)
+            sync.run(pool.release(lease), timeout=120)
+
+    def _ensure(self) -> Lease:
+        if self._lease is None:
+            pool = shared_pool(self.backend_name)
+            deadline = time.monotonic() + self.episode_timeout_s
+            self._lease = sync.run(pool.acquire(self.spec, deadline))
+        return self._lease

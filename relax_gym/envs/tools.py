@@ -1,0 +1,211 @@
+"""Tools for agent environments: a ``@tool`` decorator that derives the JSON schema from the signature and
+docstring, parsing of Qwen/Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, and tool
+results as ``<tool_response>`` messages.
+
+Nothing the model writes raises: a malformed call, an unknown tool, bad arguments or a tool that fails all become
+an error text returned to the model as the tool's response, and the episode goes on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError, create_model
+
+from relax_gym.omni import Message, TextPart
+from relax_gym.omni.parts import Part
+
+_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
+
+
+class ToolError(Exception):
+    """Raised by a tool to send a clean error message back to the model (no traceback)."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class BadToolCall:
+    """A ``<tool_call>`` block that could not be understood; ``error`` goes back to the model."""
+
+    raw: str
+    error: str
+
+
+@dataclass
+class ToolOutput:
+    """What a tool returns: text and/or media parts (e.g. a zoomed image)."""
+
+    text: str = ""
+    parts: list[Part] = field(default_factory=list)
+    is_error: bool = False
+
+
+@dataclass
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    fn: Callable[..., Any]
+    _model: Any = field(repr=False, default=None)
+
+    def schema(self) -> dict[str, Any]:
+        """OpenAI / Qwen function-calling schema."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        model = self._model.model_validate(arguments)
+        return {k: getattr(model, k) for k in type(model).model_fields}
+
+
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
+    """Make a :class:`Tool` from a function. Parameter types come from annotations, descriptions from the
+    docstring's ``Args:`` section; parameters without a default are required. A leading ``ctx`` parameter (if
+    present) receives the environment's context and is not part of the schema."""
+
+    def build(f: Callable[..., Any]) -> Tool:
+        doc = inspect.getdoc(f) or ""
+        summary, arg_docs = _parse_docstring(doc)
+        fields: dict[str, Any] = {}
+        for pname, param in inspect.signature(f).parameters.items():
+            if pname == "ctx":
+                continue
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise TypeError(f"tool {f.__name__}: *args/**kwargs cannot be described by a schema")
+            if param.annotation is param.empty:
+                raise TypeError(f"tool {f.__name__}: parameter {pname!r} needs a type annotation")
+            annotation = param.annotation
+            if isinstance(annotation, str):  # `from __future__ import annotations`; ctx is skipped, so no forward refs
+                annotation = eval(annotation, f.__globals__)  # noqa: S307 - the tool author's own annotation
+            default = ... if param.default is param.empty else param.default
+            fields[pname] = (annotation, default)
+        model = create_model(f"{f.__name__}_args", __config__={"extra": "forbid"}, **fields)
+        schema = model.model_json_schema()
+        props = {k: {kk: vv for kk, vv in v.items() if kk != "title"} for k, v in schema.get("properties", {}).items()}
+        for pname, text in arg_docs.items():
+            if pname in props:
+                props[pname]["description"] = text
+        params = {"type": "object", "properties": props, "required": schema.get("required", [])}
+        return Tool(name=name or f.__name__, description=summary, parameters=params, fn=f, _model=model)
+
+    return build(fn) if fn is not None else build
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    summary_lines, args, in_args, current = [], {}, False, None
+    for line in doc.splitlines():
+        stripped = line.strip()
+        if stripped.lower() in ("args:", "arguments:", "parameters:"):
+            in_args = True
+            continue
+        if in_args:
+            if not stripped:
+                continue
+            if stripped.endswith(":") and not line.startswith(" "):
+                in_args = False  # next section (Returns:, ...)
+                continue
+            m = _ARG_LINE.match(line)
+            if m and (line.startswith("    ") and not line.startswith("        ")):
+                current = m.group(1)
+                args[current] = m.group(2).strip()
+            elif current:
+                args[current] += " " + stripped
+        elif not args:
+            summary_lines.append(stripped)
+    return " ".join(s for s in summary_lines if s).strip(), args
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def parse_tool_calls(text: str) -> list[ToolCall | BadToolCall]:
+    """Every ``<tool_call>…</tool_call>`` block in order; an unclosed ``<tool_call>`` is a BadToolCall too."""
+    calls: list[ToolCall | BadToolCall] = []
+    for raw in _CALL.findall(text):
+        calls.append(_parse_one(raw.strip()))
+    tail = text[text.rfind("</tool_call>") + len("</tool_call>"):] if "</tool_call>" in text else text
+    if "<tool_call>" in tail:
+        calls.append(BadToolCall(raw=tail[tail.index("<tool_call>"):][:200], error="<tool_call> is not closed by </tool_call>"))
+    return calls
+
+
+def _parse_one(raw: str) -> ToolCall | BadToolCall:
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return BadToolCall(raw=raw[:200], error=f"the tool call is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})")
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return BadToolCall(raw=raw[:200], error='a tool call must be a JSON object {"name": "...", "arguments": {...}}')
+    args = obj.get("arguments", {})
+    if isinstance(args, str):  # some models emit the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return BadToolCall(raw=raw[:200], error="'arguments' is a string that is not valid JSON")
+    if not isinstance(args, dict):
+        return BadToolCall(raw=raw[:200], error="'arguments' must be a JSON object")
+    return ToolCall(name=obj["name"], arguments=args)
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+
+class ToolBox:
+    """The tools of one environment, run by name with validated arguments."""
+
+    def __init__(self, tools: list[Tool]) -> None:
+        self.tools = {t.name: t for t in tools}
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return [t.schema() for t in self.tools.values()]
+
+    def run(self, call: ToolCall | BadToolCall, ctx: Any = None) -> ToolOutput:
+        if isinstance(call, BadToolCall):
+            return ToolOutput(text=f"Error: {call.error}.", is_error=True)
+        found = self.tools.get(call.name)
+        if found is None:
+            return ToolOutput(text=f"Error: unknown tool {call.name!r}; available: {', '.join(self.tools)}.", is_error=True)
+        try:
+            args = found.validate(call.arguments)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
+            return ToolOutput(text=f"Error: bad arguments for {call.name}: {problems}.", is_error=True)
+        try:
+            takes_ctx = "ctx" in inspect.signature(found.fn).parameters
+            result = found.fn(ctx, **args) if takes_ctx else found.fn(**args)
+        except ToolError as exc:
+            return ToolOutput(text=f"Error: {exc}", is_error=True)
+        except Exception as exc:  # a tool bug must not end the episode loop; the model sees a terse error
+            return ToolOutput(text=f"Error: tool {call.name} failed: {type(exc).__name__}: {exc}", is_error=True)
+        if isinstance(result, ToolOutput):
+            return result
+        return ToolOutput(text=result if isinstance(result, str) else json.dumps(result))
+
+
+def tool_message(output: ToolOutput, call: ToolCall | BadToolCall) -> Message:
+    """A ``tool`` message wrapping the result in ``<tool_response>`` (media parts kept inside, in order)."""
+    name = call.name if isinstance(call, ToolCall) else None
+    body = [TextPart("<tool_response>\n" + output.text)]
+    body += output.parts
+    body.append(TextPart("\n</tool_response>"))
+    return Message(role="tool", content=tuple(body), name=name)
+
+
+def tools_system_prompt(toolbox: ToolBox) -> str:
+    """Qwen/Hermes-style tool instructions listing each tool's schema."""
+    lines = "\n".join(json.dumps(s) for s in toolbox.schemas())
+    return (
+        "You may call tools. Available tools, as JSON schemas:\n<tools>\n" + lines + "\n</tools>\n"
+        'To call a tool, write <tool_call>{"name": <tool name>, "arguments": <JSON object>}</tool_call>; '
+        "the result comes back in <tool_response></tool_response>."
+    )

@@ -1,0 +1,242 @@
+"""SandboxPool: leasing, deadlines, reuse without shared state, rate limits, 32 episodes at once.
+
+The logic is tested on an in-process twin backend (fast, deterministic); the same scenarios then run on the
+real backends (docker, bwrap) in test_pool_real_backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from relax_gym.sandbox.base import Backend, ExecResult, Sandbox, SandboxError, new_sandbox_id
+from relax_gym.sandbox.pool import LeaseExpired, PoolTimeout, SandboxPool
+from relax_gym.sandbox.spec import SandboxSpec
+
+from .conftest import run
+
+
+class TwinSandbox(Sandbox):
+    backend = "twin"
+
+    def __init__(self, spec, owner):
+        super().__init__(spec, new_sandbox_id("twin"))
+        self.files: dict[str, bytes] = {}
+        self.owner = owner
+        self.fail_reset = False
+
+    async def _exec(self, cmd, timeout, stdin):
+        if cmd.startswith("sleep "):
+            try:
+                await asyncio.wait_for(asyncio.sleep(float(cmd.split()[1])), timeout)
+            except TimeoutError:
+                return ExecResult(rc=137, stdout="", stderr="", timed_out=True, duration=timeout)
+        return ExecResult(rc=0, stdout=" ".join(sorted(self.files)), stderr="")
+
+    async def _write_file(self, path, data, mode):
+        self.files[path] = data
+
+    async def _read_file(self, path, max_bytes):
+        if path not in self.files:
+            raise SandboxError(f"{path}: no such file")
+        return self.files[path]
+
+    async def _reset(self):
+        if self.fail_reset:
+            raise SandboxError("reset failed")
+        self.files.clear()
+
+    async def _close(self):
+        self.owner.alive.discard(self.id)
+
+
+class TwinBackend(Backend):
+    name = "twin"
+
+    def __init__(self, create_s: float = 0.0):
+        self.alive: set[str] = set()
+        self.created = 0
+        self.create_s = create_s
+        self.create_times: list[float] = []
+        self.concurrent = 0
+        self.max_concurrent = 0
+
+    def check(self):
+        return None
+
+    async def create(self, spec):
+        self.concurrent += 1
+        self.max_concurrent = max(self.max_concurrent, self.concurrent)
+        self.create_times.append(time.monotonic())
+        try:
+            await asyncio.sleep(self.create_s)
+        finally:
+            self.concurrent -= 1
+        box = TwinSandbox(spec, self)
+        self.alive.add(box.id)
+        self.created += 1
+        return box
+
+    def reap(self, *, all_owners=False):
+        return 0
+
+    def live(self):
+        return sorted(self.alive)
+
+
+def test_release_resets_and_reuses_without_shared_state():
+    async def body():
+        backend = TwinBackend()
+        async with SandboxPool(backend, max_size=2) as pool:
+            async with pool.lease() as lease:
+                await lease.write_file("secret.txt", "x")
+                first = lease.id
+            async with pool.lease() as lease:
+                assert lease.id == first  # reused warm...
+                assert (await lease.exec("ls")).stdout == ""  # ...and clean
+            assert pool.stats.reused == 1 and backend.created == 1
+        assert backend.alive == set()
+
+    run(body())
+
+
+def test_prewarm_and_reap_at_start():
+    async def body():
+        backend = TwinBackend()
+        pool = SandboxPool(backend, min_warm=3)
+        await pool.start()
+        assert backend.created == 3 and pool.live_count() == 3
+        t0 = time.monotonic()
+        lease = await pool.acquire()
+        assert time.monotonic() - t0 < 0.05 and backend.created == 3
+        await pool.release(lease)
+        await pool.close()
+        assert backend.alive == set()
+
+    run(body())
+
+
+def test_waits_for_a_slot_and_times_out_at_the_deadline():
+    async def body():
+        backend = TwinBackend()
+        async with SandboxPool(backend, max_size=1) as pool:
+            held = await pool.acquire()
+            with pytest.raises(PoolTimeout, match="waiting for one of 1 busy sandboxes"):
+                await pool.acquire(deadline=time.monotonic() + 0.2)
+            waiter = asyncio.ensure_future(pool.acquire(deadline=time.monotonic() + 5))
+            await asyncio.sleep(0.05)
+            assert not waiter.done()
+            await pool.release(held)
+            lease = await waiter
+            assert lease.id == held.id
+            await pool.release(lease)
+
+    run(body())
+
+
+def test_expired_lease_destroys_its_sandbox_and_frees_the_slot():
+    async def body():
+        backend = TwinBackend()
+        async with SandboxPool(backend, max_size=1) as pool:
+            lease = await pool.acquire(deadline=time.monotonic() + 0.2)
+            result = await lease.exec("sleep 5")  # capped by the lease deadline
+            assert result.timed_out and result.duration <= 0.25
+            await asyncio.sleep(0.1)
+            assert lease.expired and lease.id not in backend.alive and pool.stats.expired == 1
+            with pytest.raises(LeaseExpired):
+                await lease.exec("ls")
+            await pool.release(lease)  # releasing a revoked lease is harmless
+            fresh = await pool.acquire(deadline=time.monotonic() + 1)
+            assert fresh.id != lease.id
+            await pool.release(fresh)
+
+    run(body())
+
+
+def test_failed_reset_destroys_instead_of_reusing():
+    async def body():
+        backend = TwinBackend()
+        async with SandboxPool(backend) as pool:
+            lease = await pool.acquire()
+            lease.sandbox.fail_reset = True
+            await pool.release(lease)
+            assert lease.id not in backend.alive
+            assert (await pool.acquire()).id != lease.id
+
+    run(body())
+
+
+def test_max_uses_and_lifetime_retire_sandboxes():
+    async def body():
+        backend = TwinBackend()
+        async with SandboxPool(backend, max_uses=2) as pool:
+            ids = []
+            for _ in range(3):
+                lease = await pool.acquire()
+                ids.append(lease.id)
+                await pool.release(lease)
+            assert ids[0] == ids[1] != ids[2]
+            spec = SandboxSpec(lifetime_s=0.05)
+            lease = await pool.acquire(spec)
+            await asyncio.sleep(0.1)
+            await pool.release(lease)
+            assert lease.id not in backend.alive
+
+    run(body())
+
+
+def test_32_episodes_at_once_queue_under_rate_limits():
+    async def body():
+        backend = TwinBackend(create_s=0.02)
+        async with SandboxPool(backend, max_size=8, create_per_s=100, max_concurrent_creates=3) as pool:
+            async def episode(i):
+                async with pool.lease(deadline=time.monotonic() + 20) as lease:
+                    await lease.write_file(f"ep{i}", "x")
+                    out = (await lease.exec("ls")).stdout
+                    assert out == f"{lease.sandbox.spec.workdir}/ep{i}"  # alone in its sandbox
+                    await asyncio.sleep(0.01)
+                return lease.id
+
+            ids = await asyncio.wait_for(asyncio.gather(*(episode(i) for i in range(32))), 30)
+        assert len(ids) == 32 and backend.created <= 8 and backend.max_concurrent <= 3
+        gaps = [b - a for a, b in zip(backend.create_times, backend.create_times[1:])]
+        assert sum(gaps) >= 0.8 * 0.01 * len(gaps)  # create_per_s=100 spaces creates ~10 ms apart (a lower bound: slowness cannot break it)
+        assert backend.alive == set()
+
+    run(body())
+
+
+def test_closed_pool_refuses_and_close_is_idempotent():
+    async def body():
+        backend = TwinBackend()
+        pool = SandboxPool(backend)
+        lease = await pool.acquire()
+        await pool.close()
+        await pool.close()
+        assert lease.expired and backend.alive == set()
+        with pytest.raises(SandboxError, match="closed"):
+            await pool.acquire()
+
+    run(body())
+
+
+@pytest.mark.timeout(240)
+def test_pool_on_real_backend(backend):
+    """16 concurrent episodes on the real backend with 4 sandboxes: no hang, clean hand-overs, nothing left."""
+
+    async def body():
+        async with SandboxPool(backend, max_size=4, create_per_s=10) as pool:
+            async def episode(i):
+                async with pool.lease(deadline=time.monotonic() + 120) as lease:
+                    before = (await lease.exec("ls -A . /tmp")).stdout
+                    await lease.exec(f"echo {i} > mine; echo {i} > /tmp/mine")
+                    return before
+
+            seen = await asyncio.gather(*(episode(i) for i in range(16)))
+            assert all("mine" not in s for s in seen), seen
+            assert pool.stats.created <= 4 and pool.stats.reused >= 12
+        assert not [i for i in backend.live()]
+
+    run(body())

@@ -1,0 +1,87 @@
+"""tool-use: the python tool runs the agent's code in a real sandbox (each backend), leased per episode."""
+
+from __future__ import annotations
+
+import pytest
+
+import relax_gym
+from relax_gym.envs import check_env
+from relax_gym.envs.tool_use import generate_task
+from relax_gym.envs.episode_sandbox import shared_pool
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def call(code: str) -> str:
+    import json
+
+    return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
+
+
+def test_generated_solutions_match_answers():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        question, code, answer = generate_task(rng)
+        scope: dict = {}
+        import contextlib
+        import io
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            exec(code, scope)
+        assert int(buf.getvalue()) == answer, question
+
+
+def test_gold_policy_reaches_max_reward(backend):
+    env = relax_gym.make("tool-use", backend=backend.name)
+    try:
+        obs, info = env.reset(seed=0)
+        assert "python" in obs[0].text and "<tools>" in obs[0].text
+        obs, reward, terminated, _, info = env.step(info["gold"])
+        assert not terminated and info["tool_errors"] == 0
+        answer = str(env.unwrapped.answer)
+        assert obs[0].role == "tool" and answer in obs[0].text
+        _, reward, terminated, _, info = env.step(info["gold"])
+        assert reward == 1.0 and terminated
+    finally:
+        env.close()
+    assert not backend.live()
+
+
+def test_hostile_and_broken_code_are_tool_errors_not_crashes(backend):
+    env = relax_gym.make("tool-use", backend=backend.name, code_timeout_s=2.0)
+    try:
+        env.reset(seed=1)
+        obs, reward, terminated, *_ = env.step(call("while True: pass"))
+        assert not terminated and "[killed: ran longer than 2 s]" in obs[0].text
+        obs, *_ = env.step(call("raise ValueError('nope')"))
+        assert "ValueError: nope" in obs[0].text and "[exit code 1]" in obs[0].text
+        obs, *_ = env.step(call("import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)"))
+        assert "OSError" in obs[0].text or "Error" in obs[0].text
+    finally:
+        env.close()
+    assert not backend.live()
+
+
+def test_episodes_do_not_share_files(backend):
+    env = relax_gym.make("tool-use", backend=backend.name)
+    try:
+        env.reset(seed=2)
+        env.step(call("open('/tmp/note', 'w').write('secret'); open('left', 'w').write('x')"))
+        env.reset(seed=3)  # ends the first episode: its sandbox is reset or destroyed
+        obs, *_ = env.step(call("import os; print(os.path.exists('/tmp/note'), os.path.exists('left'))"))
+        assert "False False" in obs[0].text
+    finally:
+        env.close()
+
+
+def test_check_env_and_pool_is_clean(backend):
+    env = relax_gym.make("tool-use", backend=backend.name)
+    try:
+        assert "garbage action => min reward, no exception" in check_env(env).passed
+    finally:
+        env.close()
+    pool = shared_pool(backend.name)
+    assert not pool._leases
