@@ -98,6 +98,7 @@ def envs_check(
 ) -> None:
     """Run gymnasium's env checker plus relax rules; exit 1 on the first failing env."""
     from relax_gym.envs import EnvCheckError, check_env
+    from relax_gym.sandbox import SandboxError
 
     registry = _registry()
     if all_ == (env_id is not None):
@@ -108,8 +109,8 @@ def envs_check(
         env = _make(one, {"data_dir": str(data_dir)} if data_dir else {})
         try:
             report = check_env(env)
-        except EnvCheckError as exc:
-            console.print(f"[red]FAIL[/] {one}: {exc}")
+        except (EnvCheckError, SandboxError) as exc:
+            console.print(f"[red]FAIL[/] {one}: " + escape(str(exc)))
             failed.append(one)
             continue
         finally:

@@ -114,6 +114,8 @@ class Sandbox(abc.ABC):
         await self._write_file(self._abs(path), data.encode() if isinstance(data, str) else data, mode)
 
     async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Read a file; at most ``max_bytes`` (default ``spec.max_output_bytes``) are returned, the rest is cut.
+        A missing file or a path outside the workdir and /tmp raises SandboxError naming the path."""
         if self._closed:
             raise SandboxError(f"sandbox {self.id} is closed")
         return await self._read_file(self._abs(path), max_bytes or self.spec.max_output_bytes)

@@ -11,9 +11,12 @@ Layout of one sandbox on the host (``<root>`` is ``/tmp/relax-gym-bwrap``)::
 plus the cgroup ``relax-gym/<id>`` (memory + swap, pids, cpu). The host's /usr (and the /bin, /lib... symlinks or
 directories) is shown read-only; the root itself is remounted read-only, so only workdir and /tmp are writable.
 
-bwrap run by root with ``--uid`` maps the sandbox user to host root, so the child forked for bwrap first joins the
-cgroup and then drops to spec.uid:gid (no supplementary groups) before exec'ing bwrap unprivileged; bwrap then
-builds a user namespace in which spec.uid is itself. Needs root (to drop to the uid and to write cgroups).
+bwrap run by root with ``--uid`` maps the sandbox user to host root, so the process that becomes bwrap first joins
+the cgroup (as root) and then drops to spec.uid:gid with no supplementary groups (``setpriv``, or a preexec_fn when
+util-linux is missing) before exec'ing bwrap unprivileged; bwrap then builds a user namespace in which spec.uid is
+itself. No user code runs before the cgroup is joined. The environment is cleared and set by bwrap (--clearenv,
+--setenv), so spec.env never reaches a process that runs as root. Needs root (to drop to the uid, write cgroups and
+mount the /tmp tmpfs).
 """
 
 from __future__ import annotations
@@ -383,8 +386,7 @@ class BwrapSandbox(Sandbox):
         rc = transport.get_returncode()
         rc = -1 if rc is None else (128 - rc if rc < 0 else rc)
         if rc == 125 and proto.caps[2].kept.startswith(JOIN_FAILED.encode()):
-            self._check_alive()
-            raise SandboxError(f"sandbox {self.id}: the command could not join the sandbox cgroup")
+            self._check_alive()  # the launcher could not join the cgroup: only when it is gone (else the command's)
         oom_after = self._cg.oom_kills()
         oom_killed = oom_after > oom_before and (self._cg.has_oom_kill_counter() or rc == 128 + 9)
         out, err = proto.caps[1], proto.caps[2]

@@ -58,6 +58,8 @@ API_TIMEOUT_S = 120.0
 KILL_GRACE_S = 2.0  # after a wall-clock kill, how long we still drain output before giving up on the stream
 POLL_IDLE_S = 1.0  # with no output for this long, ask the engine whether the exec has already ended
 MAX_THREADS = 128
+MAX_INNER_TIMEOUT_S = 7 * 86400
+SHELL = "/bin/sh"  # absolute: a spec.env PATH must not break our own plumbing
 
 # PID 1 of every sandbox: reap all children (orphans are re-parented to us) and wait for SIGCHLD. As the pid
 # namespace's init it ignores every signal sent from inside the sandbox, SIGKILL included.
@@ -72,26 +74,30 @@ REAPER = (
     "        pass\n"
     "    signal.sigwait({signal.SIGCHLD})\n"
 )
+# The shell only finds python3 (also when spec.env sets a PATH without it) and execs it: PID 1 is python3.
+INIT_COMMAND = [SHELL, "-c", 'PATH="/usr/local/bin:/usr/bin:/bin:$PATH" exec python3 -I -S -c "$0"', REAPER]
 
 # Runs every command: $1 = seconds, the rest = argv. The command runs as a background job (handed our stdin, which a
 # background job would otherwise lose) that the wrapper waits for with its own stderr on /dev/null, so a killed
 # command gets no "Killed" line from the wrapper: the output is only the command's. Then everything of this uid dies
 # except the wrapper itself and PID 1, and the wrapper exits with the command's status.
 _WRAPPER = (
+    'command -v timeout >/dev/null || PATH="${PATH:+$PATH:}/usr/bin:/bin"; '  # a spec.env PATH without them
     'exec 3<&0; t=$1; shift; timeout -s KILL "$t" "$@" <&3 3<&- & exec 2>/dev/null 3<&-; '
     'wait $!; rc=$?; kill -9 -1; exit $rc'
 )
 
-_WRITE = 'd=$(dirname -- "$1") && mkdir -p -- "$d" && cat > "$1" && chmod "$2" -- "$1"'
-_READ = (
+_SYSTEM_PATH = 'PATH=/usr/local/bin:/usr/bin:/bin; '  # our file scripts use the image's tools, whatever spec.env says
+_WRITE = _SYSTEM_PATH + 'd=$(dirname -- "$1") && mkdir -p -- "$d" && cat > "$1" && chmod "$2" -- "$1"'
+_READ = _SYSTEM_PATH + (
     'if [ ! -e "$1" ]; then echo "no such file: $1" >&2; exit 2; fi; '
     'if [ -d "$1" ]; then echo "is a directory: $1" >&2; exit 3; fi; '
     'head -c "$2" -- "$1"'
 )
-_RESET = (
+_RESET = _SYSTEM_PATH + (
     'chmod 755 -- "$1" 2>/dev/null; chmod -R u+rwX -- "$1" /tmp /dev/shm 2>/dev/null; '
     'for d in "$1" /tmp /dev/shm; do [ -d "$d" ] && rm -rf -- "$d"/* "$d"/.[!.]* "$d"/..?* 2>/dev/null; done; '
-    'ls -A -- "$1" /tmp'
+    'for d in "$1" /tmp /dev/shm; do [ ! -d "$d" ] || ls -A -- "$d"; done'
 )
 
 
@@ -104,6 +110,14 @@ def _errors():
     import docker.errors
 
     return docker.errors
+
+
+def _failures() -> tuple[type[BaseException], ...]:
+    """What an engine call raises when the engine (not our request) fails: API errors, lost connections."""
+    import docker.errors
+    import requests.exceptions
+
+    return docker.errors.DockerException, requests.exceptions.RequestException
 
 
 def _proc_start_time(pid: int) -> str | None:
@@ -202,7 +216,8 @@ class DockerSandbox(Sandbox):
         self._owner = owner
         self.container_id = container_id
         self._oom_file = oom_file
-        self._lock = threading.Lock()  # one command at a time: the clean-up after each kills all of the user's processes
+        # One command at a time: the clean-up after each one kills all of the sandbox user's processes.
+        self._lock = threading.Lock()
 
     # -- plumbing ------------------------------------------------------------------------------------------
 
@@ -232,7 +247,7 @@ class DockerSandbox(Sandbox):
         errors = _errors()
         for attempt in range(20):
             try:
-                eid = self._api.exec_create(self.container_id, ["kill", "-9", "-1"], user=self._user())["Id"]
+                eid = self._api.exec_create(self.container_id, [SHELL, "-c", "kill -9 -1"], user=self._user())["Id"]
                 self._api.exec_start(eid)
                 code = self._api.exec_inspect(eid).get("ExitCode")
                 if code in (0, 1):  # 1: nothing left to kill
@@ -242,6 +257,8 @@ class DockerSandbox(Sandbox):
             except errors.APIError as e:
                 if e.status_code == 409:  # not running
                     raise self._gone(e) from e
+            except _failures():
+                pass
             time.sleep(0.05 * (attempt + 1))  # e.g. the pids limit is exhausted right now; try again
         log.warning("sandbox %s: could not kill leftover processes", self.id)
 
@@ -254,8 +271,8 @@ class DockerSandbox(Sandbox):
             if cancel.is_set():
                 raise SandboxError("cancelled")
             oom_before = _read_oom_kills(self._oom_file)
-            limit = max(1, math.ceil(timeout))
-            wrapped = ["sh", "-c", _WRAPPER, "relax-gym", str(limit), *argv]
+            limit = min(max(1, math.ceil(timeout)), MAX_INNER_TIMEOUT_S)  # our own deadline is the precise one
+            wrapped = [SHELL, "-c", _WRAPPER, "relax-gym", str(limit), *argv]
             t0 = time.monotonic()
             try:
                 eid = api.exec_create(self.container_id, wrapped, stdin=stdin is not None, user=self._user(),
@@ -266,6 +283,8 @@ class DockerSandbox(Sandbox):
             except errors.APIError as e:
                 if e.status_code == 409:
                     raise self._gone(e) from e
+                raise SandboxError(f"sandbox {self.id}: docker exec failed: {e}") from e
+            except _failures() as e:
                 raise SandboxError(f"sandbox {self.id}: docker exec failed: {e}") from e
             raw: socket.socket = getattr(sock, "_sock", sock)
             deadline = t0 + timeout
@@ -283,6 +302,8 @@ class DockerSandbox(Sandbox):
                 info = api.exec_inspect(eid)
             except errors.NotFound as e:
                 raise self._gone(e) from e
+            except _failures() as e:
+                raise SandboxError(f"sandbox {self.id}: lost the engine during exec: {e}") from e
             running = bool(info.get("Running"))
             rc = info.get("ExitCode")
             if running or not ended or rc is None or (rc >= 128 and not killed):
@@ -357,7 +378,7 @@ class DockerSandbox(Sandbox):
                     if not self._api.exec_inspect(eid).get("Running"):
                         self._drain(raw, stream)
                         return killed, False
-                except _errors().APIError:
+                except _failures():
                     return killed, False
 
     @staticmethod
@@ -391,7 +412,7 @@ class DockerSandbox(Sandbox):
     # -- hooks ---------------------------------------------------------------------------------------------
 
     async def _exec(self, cmd: str | list[str], timeout: float, stdin: bytes | None) -> ExecResult:
-        argv = ["sh", "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
+        argv = [SHELL, "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
         if not argv:
             raise ValueError("empty command")
         cap = self.spec.max_output_bytes
@@ -410,14 +431,14 @@ class DockerSandbox(Sandbox):
         return max(self.spec.exec_timeout_s, 30.0)
 
     async def _write_file(self, path: str, data: bytes, mode: int) -> None:
-        argv = ["sh", "-c", _WRITE, "relax-gym-write", path, f"{mode & 0o7777:o}"]
+        argv = [SHELL, "-c", _WRITE, "relax-gym-write", path, f"{mode & 0o7777:o}"]
         status, _, err = await self._call(self._command, argv, self._file_timeout(), data, 4096, 4096)
         if status["rc"] != 0:
             why = err.text().strip() or ("timed out" if status["timed_out"] else f"exit status {status['rc']}")
             raise SandboxError(f"cannot write {path} in sandbox {self.id}: {why}")
 
     async def _read_file(self, path: str, max_bytes: int) -> bytes:
-        argv = ["sh", "-c", _READ, "relax-gym-read", path, str(max_bytes)]
+        argv = [SHELL, "-c", _READ, "relax-gym-read", path, str(max_bytes)]
         status, out, err = await self._call(self._command, argv, self._file_timeout(), None, max_bytes, 4096)
         if status["rc"] != 0:
             why = err.text().strip() or ("timed out" if status["timed_out"] else f"exit status {status['rc']}")
@@ -425,10 +446,9 @@ class DockerSandbox(Sandbox):
         return bytes(out.kept)
 
     async def _reset(self) -> None:
-        argv = ["sh", "-c", _RESET, "relax-gym-reset", self.spec.workdir]
+        argv = [SHELL, "-c", _RESET, "relax-gym-reset", self.spec.workdir]
         status, out, err = await self._call(self._command, argv, self._file_timeout(), None, 4096, 4096)
-        left = out.text().split()
-        left = [name for name in left if not name.endswith(":")]  # ls prints "dir:" headers for two dirs
+        left = out.text().split()  # whatever is still in workdir, /tmp or /dev/shm
         if status["rc"] != 0 or left:
             raise SandboxError(f"reset of sandbox {self.id} failed: left {left[:5]} ({err.text().strip()})")
 
@@ -519,7 +539,11 @@ class DockerBackend(Backend):
         if image in self._images:
             return
         client = self._connect()
-        if not images.image_exists(image, client):
+        try:
+            present = images.image_exists(image, client)
+        except _failures() as e:
+            raise SandboxError(f"cannot look up image {image!r}: {e}") from e
+        if not present:
             if image != DEFAULT_IMAGE:
                 raise SandboxError(
                     f"image {image!r} not found; build it with `relax-gym sandbox build-image` (the default "
@@ -555,7 +579,7 @@ class DockerBackend(Backend):
             labels[OWNER_START_LABEL] = owner_start
         env = {"HOME": spec.workdir, **spec.env}
         create = functools.partial(
-            api.create_container, spec.image, ["python3", "-I", "-S", "-c", REAPER], user=f"{spec.uid}:{spec.gid}",
+            api.create_container, spec.image, INIT_COMMAND, user=f"{spec.uid}:{spec.gid}",
             environment=env, working_dir=spec.workdir, labels=labels, name=sandbox_id, host_config=host_config,
             detach=True, stdin_open=False, tty=False,
         )
@@ -566,14 +590,14 @@ class DockerBackend(Backend):
                 self._images.discard(spec.image)
                 self._ensure_image(spec.image)
                 container_id = create()["Id"]
-        except errors.APIError as e:
+        except _failures() as e:
             raise SandboxError(self._explain(e, spec, "create")) from e
         try:
             api.start(container_id)
             info = api.inspect_container(container_id)
             if not info["State"].get("Running"):
                 raise SandboxError(f"container exited at once: {info['State'].get('Error') or info['State']}")
-        except (errors.APIError, SandboxError) as e:
+        except (*_failures(), SandboxError) as e:
             self._remove(container_id)
             raise SandboxError(self._explain(e, spec, "start")) from e
         except BaseException:
@@ -593,19 +617,20 @@ class DockerBackend(Backend):
     def _remove(self, container_id: str) -> None:
         errors = _errors()
         api = self._api()
+        last: BaseException | None = None
         for attempt in range(10):
             try:
                 api.remove_container(container_id, force=True)
                 return
             except errors.NotFound:
                 return
-            except errors.APIError as e:  # e.g. 409 "removal already in progress": wait for it
+            except _failures() as e:  # e.g. 409 "removal already in progress": wait for it
                 last = e
             try:
                 api.inspect_container(container_id)
             except errors.NotFound:
                 return
-            except errors.APIError:
+            except _failures():
                 pass
             time.sleep(0.1 * (attempt + 1))
         raise SandboxError(f"could not remove container {container_id[:12]}: {last}")
@@ -614,7 +639,8 @@ class DockerBackend(Backend):
         return self._api().containers(all=True, filters={"label": label_filter})
 
     def live(self) -> list[str]:
-        return [c["Labels"].get(LABEL, "?") for c in self._ours(f"{OWNER_LABEL}={owner_tag()}") if LABEL in c["Labels"]]
+        found = self._ours(f"{OWNER_LABEL}={owner_tag()}")
+        return [labels[LABEL] for labels in ((c.get("Labels") or {}) for c in found) if LABEL in labels]
 
     def reap(self, *, all_owners: bool = False) -> int:
         me, host = owner_tag(), os.uname().nodename

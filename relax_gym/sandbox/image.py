@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from relax_gym.sandbox.base import LABEL, SandboxError
+from relax_gym.sandbox.base import SandboxError
 from relax_gym.sandbox.spec import DEFAULT_IMAGE
 
 PYTHON = "/usr/bin/python3.11"
@@ -30,13 +30,16 @@ STDLIB = "/usr/lib/python3.11"
 BUSYBOX_CANDIDATES = ("/usr/bin/busybox", "/bin/busybox")
 BASH = "/bin/bash"
 SANDBOX_USER = ("sandbox", 1000, 1000)
-IMAGE_LABEL = f"{LABEL}.image"  # on every image this module builds
+IMAGE_LABEL = "relax-gym.image"  # on every image this module builds (not LABEL.*: containers inherit image labels)
 INSTALL_HINT = "apt-get install python3.11 busybox-static"
 
-# Parts of the standard library a sandbox never needs (tests, GUI, bytecode caches, pip bootstrap).
+# Parts of the standard library a sandbox never needs (tests, GUI, bytecode caches, pip bootstrap; config-3.11-*,
+# the build configuration for compiling extensions, is skipped too).
 _SKIP_STDLIB = {"test", "__pycache__", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3"}
 # Applets that make no sense without privileges; everything else busybox offers becomes a link in /usr/bin.
-_SKIP_APPLETS = {"busybox", "init", "linuxrc", "su", "login", "sulogin", "passwd", "getty", "halt", "reboot", "poweroff"}
+_SKIP_APPLETS = {
+    "busybox", "init", "linuxrc", "su", "login", "sulogin", "passwd", "getty", "halt", "reboot", "poweroff",
+}
 _ENV = "PATH=/usr/local/bin:/usr/bin:/bin"
 _build_lock = threading.Lock()
 
@@ -110,8 +113,8 @@ def _build(tag: str, client) -> str:
         changes = [
             f"ENV {_ENV}",
             "WORKDIR /workspace",
-            f'LABEL {IMAGE_LABEL}="sandbox-base" {LABEL}.python="{info["python"]}" '
-            f'{LABEL}.built="{time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}"',
+            f'LABEL {IMAGE_LABEL}="sandbox-base" {IMAGE_LABEL}.python="{info["python"]}" '
+            f'{IMAGE_LABEL}.built="{time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}"',
         ]
         try:
             client.api.import_image(src=tar_path, repository=repository, tag=version, changes=changes)
@@ -197,22 +200,25 @@ class _RootfsTar:
             self.tar.addfile(ti, f)
 
     def tree(self, top: str, skip: set[str]) -> list[str]:
-        """Add a host directory tree (no symlink following); returns the shared objects found in it."""
+        """Add a host directory tree (no symlink following; links that leave the tree, such as Debian's
+        ``sitecustomize.py`` into /etc, are dropped); returns the shared objects found in it."""
         objects = []
+        inside = os.path.realpath(top) + "/"
         for root, dirs, files in os.walk(top):
-            dirs[:] = sorted(d for d in dirs if d not in skip)
+            dirs[:] = sorted(d for d in dirs if d not in skip and not d.startswith("config-"))
             self.mkdir(root)
             for name in sorted(files):
                 full = os.path.join(root, name)
                 if os.path.islink(full):
-                    self.symlink(full, os.readlink(full))
+                    if os.path.realpath(full).startswith(inside):
+                        self.symlink(full, os.readlink(full))
                 elif os.path.isfile(full):
                     self.file(full)
                     if name.endswith(".so"):
                         objects.append(full)
             for d in dirs:
                 full = os.path.join(root, d)
-                if os.path.islink(full):
+                if os.path.islink(full) and os.path.realpath(full).startswith(inside):
                     self.symlink(full, os.readlink(full))
         return objects
 
@@ -264,15 +270,17 @@ def write_rootfs_tar(tar_path: str) -> dict[str, str]:
         binaries += fs.tree(STDLIB, _SKIP_STDLIB)
         for lib in sorted(shared_libraries(binaries)):
             fs.host_path(lib)
-        bindir = os.path.dirname(busybox)  # applets go next to busybox (/usr/bin)
         for name in ("python3", "python"):
-            fs.symlink(f"{bindir}/{name}", os.path.basename(PYTHON))
+            fs.symlink(f"{os.path.dirname(python)}/{name}", os.path.basename(python))
+        # Applets next to busybox (/usr/bin), and in /usr/bin and /bin when those are real directories on this host
+        # (no merged /usr), so both /bin/sh and /usr/bin/env exist.
+        bindirs = dict.fromkeys(os.path.realpath(d) for d in (os.path.dirname(busybox), "/usr/bin", "/bin"))
         for applet in _applets(busybox):
-            if f"{bindir}/{applet}" not in fs.seen:
-                fs.symlink(f"{bindir}/{applet}", "busybox")
-        if not os.path.islink("/bin"):  # a host without merged /usr: /bin is a real directory
-            fs.symlink("/bin/sh", busybox)
-        fs.data("/etc/passwd", f"root:x:0:0:root:/root:/bin/sh\n{user}:x:{uid}:{gid}:{user}:/workspace:/bin/sh\n".encode())
+            for bindir in bindirs:
+                if f"{bindir}/{applet}" not in fs.seen:
+                    fs.symlink(f"{bindir}/{applet}", busybox)
+        passwd = f"root:x:0:0:root:/root:/bin/sh\n{user}:x:{uid}:{gid}:{user}:/workspace:/bin/sh\n"
+        fs.data("/etc/passwd", passwd.encode())
         fs.data("/etc/group", f"root:x:0:\n{user}:x:{gid}:\n".encode())
         for name in ("hosts", "hostname", "resolv.conf"):  # docker mounts over these
             fs.data(f"/etc/{name}", b"")

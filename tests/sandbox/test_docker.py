@@ -150,7 +150,8 @@ def test_pid1_survives_kill_all_and_nothing_outlives_a_command(docker_backend, s
             r = await box.exec("setsid sleep 300 & sleep 300 & kill -9 $PPID; echo after", timeout=15)
             assert time.monotonic() - t0 < 6 and "after" in r.stdout, r
             r = await box.exec("ps -o user,comm")
-            assert "sleep" not in r.stdout and r.stdout.count("sandbox") <= 4, r.stdout  # python3 (pid 1), sh, ps, timeout
+            # left: python3 (pid 1), and this command's wrapper sh, timeout watcher and ps
+            assert "sleep" not in r.stdout and r.stdout.count("sandbox") <= 4, r.stdout
         finally:
             await box.close()
 
@@ -238,15 +239,18 @@ def test_reap_removes_dead_owners_containers_only(docker_backend, client):
     host = os.uname().nodename
     tag = f"{os.getpid()}-{int(time.time() * 1000) % 100000}"
     sleeper = subprocess.Popen(["sleep", "60"])
-    parked = {
-        "dead": _park(client, {LABEL: f"rg-test-dead-{tag}", OWNER_LABEL: f"{host}:{_dead_pid()}"}, f"rg-test-dead-{tag}"),
-        # the owner pid is alive but belongs to a newer process than the one that made the container
-        "reused": _park(client, {LABEL: f"rg-test-reused-{tag}", OWNER_LABEL: f"{host}:{sleeper.pid}",
-                                 f"{LABEL}.owner-start": "1"}, f"rg-test-reused-{tag}"),
-        "alive": _park(client, {LABEL: f"rg-test-alive-{tag}", OWNER_LABEL: f"{host}:{sleeper.pid}"}, f"rg-test-alive-{tag}"),
-        "elsewhere": _park(client, {LABEL: f"rg-test-else-{tag}", OWNER_LABEL: "some-other-host:1"}, f"rg-test-else-{tag}"),
-    }
+    parked = {}
+
+    def park(kind: str, owner: str, **extra: str) -> None:
+        name = f"rg-test-{kind}-{tag}"
+        parked[kind] = _park(client, {LABEL: name, OWNER_LABEL: owner, **extra}, name)
+
     try:
+        park("dead", f"{host}:{_dead_pid()}")
+        # the owner pid is alive but belongs to a newer process than the one that made the container
+        park("reused", f"{host}:{sleeper.pid}", **{f"{LABEL}.owner-start": "1"})
+        park("alive", f"{host}:{sleeper.pid}")
+        park("elsewhere", "some-other-host:1")
         assert docker_backend.reap() >= 2
         names = {c.name for c in client.containers.list(all=True, filters={"label": LABEL})}
         assert parked["dead"].name not in names and parked["reused"].name not in names

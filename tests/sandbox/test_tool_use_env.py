@@ -12,6 +12,16 @@ from relax_gym.envs.episode_sandbox import shared_pool
 pytestmark = pytest.mark.timeout(240)
 
 
+@pytest.fixture(autouse=True)
+def fresh_shared_pool(backend):
+    """Each test starts and ends with no pool: closing it must leave nothing of ours alive."""
+    yield
+    from relax_gym.sandbox import sync
+
+    sync.run(shared_pool(backend.name).close())
+    assert not backend.live()
+
+
 def call(code: str) -> str:
     import json
 
@@ -47,7 +57,7 @@ def test_gold_policy_reaches_max_reward(backend):
         assert reward == 1.0 and terminated
     finally:
         env.close()
-    assert not backend.live()
+    assert not shared_pool(backend.name)._leases  # handed back at episode end
 
 
 def test_hostile_and_broken_code_are_tool_errors_not_crashes(backend):
@@ -62,7 +72,7 @@ def test_hostile_and_broken_code_are_tool_errors_not_crashes(backend):
         assert "OSError" in obs[0].text or "Error" in obs[0].text
     finally:
         env.close()
-    assert not backend.live()
+    assert not shared_pool(backend.name)._leases
 
 
 def test_episodes_do_not_share_files(backend):
