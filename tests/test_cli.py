@@ -67,3 +67,34 @@ def test_console_script_is_installed():
     exe = sys.executable.replace("/python", "/relax-gym") if sys.executable.endswith("/python") else None
     proc = subprocess.run([exe or "relax-gym", "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "envs" in proc.stdout
+
+
+def test_play_gold_on_tool_envs_reaches_max_reward():
+    result = runner.invoke(app, ["envs", "play", "image-zoom", "--episodes", "2"])
+    assert result.exit_code == 0, result.output
+    assert "tool:" in result.output and "[image " in result.output  # the zoomed image part, summarised
+    assert "mean return over 2 episode(s): 1.000" in result.output
+
+
+def test_sandbox_doctor_reports_each_backend(monkeypatch):
+    from relax_gym.sandbox import backends
+
+    monkeypatch.setattr(backends, "doctor", lambda: {"docker": "no Docker engine answers", "bwrap": None})
+    monkeypatch.setattr(backends, "select_backend", lambda name=None: backends.get_backend("bwrap"))
+    result = runner.invoke(app, ["sandbox", "doctor"])
+    assert result.exit_code == 0
+    assert "missing docker: no Docker engine answers" in result.output and "ok      bwrap" in result.output
+    assert "selected: bwrap" in result.output
+
+
+def test_sandbox_doctor_fails_when_nothing_works(monkeypatch):
+    from relax_gym.sandbox import backends
+    from relax_gym.sandbox.base import SandboxUnavailable
+
+    def none_works(name=None):
+        raise SandboxUnavailable("no sandbox backend works on this machine")
+
+    monkeypatch.setattr(backends, "doctor", lambda: {"docker": "x", "bwrap": "y"})
+    monkeypatch.setattr(backends, "select_backend", none_works)
+    result = runner.invoke(app, ["sandbox", "doctor"])
+    assert result.exit_code == 1 and "no sandbox backend works" in result.output

@@ -71,3 +71,13 @@ def test_math_answer_uses_math_verify():
     assert math_answer("<answer>$x=2$</answer>", "2") == 1.0
     assert math_answer("<answer>3</answer>", "2") == 0.0
     assert math_answer("<answer>}}{{</answer>", "2") == 0.0
+
+
+def test_math_answer_works_in_worker_threads():
+    """math-verify's signal-based timeout fails outside the main thread; env workers run there."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda g: math_answer(f"<answer>{g}</answer>", str(g)), range(8)))
+    assert results == [1.0] * 8
+    assert math_answer("<answer>" + "1+" * 2000 + "1</answer>", "2001") == 0.0

@@ -95,3 +95,14 @@ def test_check_env_and_pool_is_clean(backend):
         env.close()
     pool = shared_pool(backend.name)
     assert not pool._leases
+
+
+def test_play_gold_on_tool_use_from_the_cli(backend, monkeypatch):
+    from typer.testing import CliRunner
+
+    from relax_gym.cli import app
+
+    monkeypatch.setenv("RELAX_GYM_SANDBOX", backend.name)
+    result = CliRunner().invoke(app, ["envs", "play", "tool-use", "--episodes", "2"])
+    assert result.exit_code == 0, result.output
+    assert "<tool_response>" in result.output and "mean return over 2 episode(s): 1.000" in result.output
