@@ -1,0 +1,32 @@
+"""Policy-optimisation math for the trainer: pure torch functions, no model or engine state.
+
+- :mod:`.advantages`: GRPO / Dr.GRPO group-relative advantages, identical-reward groups (DAPO dynamic sampling).
+- :mod:`.kl`: k1 / k2 / k3 per-token KL estimators.
+- :mod:`.losses`: loss aggregation modes, the clipped policy loss (PPO/GRPO, DAPO clip-higher, GSPO sequence
+  ratio, truncated importance sampling, KL term), SFT loss, per-token log-probs from logits.
+- :mod:`.config`: ``AlgorithmConfig`` and its presets (grpo, dapo, gspo, sft).
+"""
+
+from relax_gym.trainer.algorithms.advantages import (
+    AdvantageScale,
+    group_advantages,
+    identical_reward_groups,
+    zero_advantage_share,
+)
+from relax_gym.trainer.algorithms.config import PRESETS, AlgorithmConfig, AlgorithmName, preset
+from relax_gym.trainer.algorithms.kl import KLKind, kl_penalty
+from relax_gym.trainer.algorithms.losses import (
+    Aggregation,
+    LossOutput,
+    RatioLevel,
+    aggregate,
+    policy_loss,
+    sft_loss,
+    token_logprobs,
+)
+
+__all__ = [
+    "PRESETS", "AdvantageScale", "Aggregation", "AlgorithmConfig", "AlgorithmName", "KLKind", "LossOutput",
+    "RatioLevel", "aggregate", "group_advantages", "identical_reward_groups", "kl_penalty", "policy_loss",
+    "preset", "sft_loss", "token_logprobs", "zero_advantage_share",
+]

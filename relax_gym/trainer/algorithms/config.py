@@ -1,0 +1,88 @@
+"""``AlgorithmConfig``: which policy-optimisation recipe to run and its knobs, with named presets.
+
+The ``name`` selects a preset whose values fill every knob the caller did not set, so a recipe can say just
+``algorithm: {name: dapo}`` (or override ``algorithm.name=dapo``) and get DAPO's defaults, and
+``preset("dapo", kl_coef=0.01)`` is the same as ``AlgorithmConfig(name="dapo", kl_coef=0.01)``:
+
+=====  ===============  ===========  ====================  =========  =======  ===============
+name   clip low / high  ratio level  aggregation           adv scale  kl_coef  dynamic sampling
+=====  ===============  ===========  ====================  =========  =======  ===============
+grpo   0.2 / 0.2        token        seq_mean_token_mean   std        0        no
+dapo   0.2 / 0.28       token        token_mean            std        0        yes
+gspo   3e-4 / 4e-4      sequence     seq_mean_token_mean   std        0        no
+sft    (unused)         token        token_mean            (unused)   0        no
+=====  ===============  ===========  ====================  =========  =======  ===============
+
+GSPO's clip range is the paper's (Zheng et al. 2025, sec. 5.1): a sequence ratio is a length-normalised
+geometric mean, so it stays much closer to 1 than token ratios do. ``tis_cap`` (truncated importance sampling
+against the rollout engine's log-probs) is off (None) in every preset; 2.0 is a common choice when enabled.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from relax_gym.trainer.algorithms.advantages import AdvantageScale
+from relax_gym.trainer.algorithms.kl import KLKind
+from relax_gym.trainer.algorithms.losses import Aggregation, RatioLevel
+
+AlgorithmName = Literal["grpo", "dapo", "gspo", "sft"]
+
+__all__ = ["PRESETS", "AlgorithmConfig", "AlgorithmName", "preset"]
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "grpo": {"clip_low": 0.2, "clip_high": 0.2, "ratio_level": "token", "aggregation": "seq_mean_token_mean",
+             "advantage_scale": "std", "kl_coef": 0.0, "dynamic_sampling": False},
+    "dapo": {"clip_low": 0.2, "clip_high": 0.28, "ratio_level": "token", "aggregation": "token_mean",
+             "advantage_scale": "std", "kl_coef": 0.0, "dynamic_sampling": True},
+    "gspo": {"clip_low": 3e-4, "clip_high": 4e-4, "ratio_level": "sequence", "aggregation": "seq_mean_token_mean",
+             "advantage_scale": "std", "kl_coef": 0.0, "dynamic_sampling": False},
+    "sft": {"ratio_level": "token", "aggregation": "token_mean", "kl_coef": 0.0, "dynamic_sampling": False},
+}
+
+
+class AlgorithmConfig(BaseModel):
+    """Knobs of the policy loss and advantage estimator. Frozen; unknown keys are errors."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: AlgorithmName = "grpo"
+    clip_low: float = Field(default=0.2, gt=0, lt=1)  # ratio lower bound 1 - clip_low must stay > 0
+    clip_high: float = Field(default=0.2, gt=0)
+    ratio_level: RatioLevel = "token"
+    aggregation: Aggregation = "token_mean"
+    advantage_scale: AdvantageScale = "std"
+    kl_coef: float = Field(default=0.0, ge=0)
+    kl_kind: KLKind = "k3"
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal (DAPO)
+    tis_cap: float | None = Field(default=None, gt=1)  # truncated-IS cap; None = no rollout correction
+    temperature: float = Field(default=1.0, gt=0)  # the sampler's; token_logprobs must use the same
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            name = data.get("name", "grpo")
+            if isinstance(name, str) and name in PRESETS:
+                return {**PRESETS[name], **data, "name": name}
+        return data
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> AlgorithmConfig:
+        """The named preset with ``overrides`` applied and validated (unknown names and keys are errors)."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown algorithm preset {name!r}; choose one of {sorted(PRESETS)}")
+        return cls.model_validate({**overrides, "name": name})
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for :func:`~relax_gym.trainer.algorithms.losses.policy_loss`."""
+        return {"clip_low": self.clip_low, "clip_high": self.clip_high, "ratio_level": self.ratio_level,
+                "aggregation": self.aggregation, "kl_coef": self.kl_coef, "kl_kind": self.kl_kind,
+                "tis_cap": self.tis_cap}
+
+
+def preset(name: str, **overrides: Any) -> AlgorithmConfig:
+    """Module-level alias of :meth:`AlgorithmConfig.preset`."""
+    return AlgorithmConfig.preset(name, **overrides)

@@ -1,0 +1,421 @@
+"""The Qwen2.5-Omni thinker's multimodal processor, assembled without torchvision.
+
+``transformers``' own ``Qwen2_5OmniProcessor`` needs a torchvision video processor, and PyPI's torchvision does not
+load beside our CPU torch. This class does the same work by hand, on the numpy arrays our decoders produce:
+
+- image ``uint8 (H, W, 3)`` → resized with Qwen's ``smart_resize`` (sides a multiple of ``patch_size *
+  merge_size``, pixel count within ``[min_pixels, max_pixels]``; bicubic), rescaled, CLIP-normalised and cut into
+  ``patch_size`` patches in Qwen2-VL's order: rows of ``pixel_values`` are ``(gh/m, gw/m, m, m)`` and each row is
+  ``(C, temporal_patch, ps, ps)`` with the frame repeated over the temporal patch. Identical to
+  ``Qwen2VLImageProcessorPil`` (a test checks it).
+- video ``uint8 (T, H, W, 3)`` (or a :class:`~relax_gym.omni.DecodedVideo`) → the same per frame, ``T`` padded to a
+  multiple of ``temporal_patch_size`` by repeating the last frame, rows in ``(gt, gh/m, gw/m, m, m)`` order with
+  ``(C, tp, ps, ps)`` columns; ``video_second_per_grid = temporal_patch_size / fps`` (fps from the frame
+  timestamps) places the frames on the time axis of the 3-D rope.
+- audio ``float32`` mono 16 kHz (or a :class:`~relax_gym.omni.DecodedAudio`) → ``WhisperFeatureExtractor(
+  feature_size=128)`` log-mel features padded to the fixed chunk length (as ``Qwen2_5OmniProcessor`` does:
+  ``padding="max_length"``), with their ``feature_attention_mask``; the audio takes
+  ``_get_feat_extract_output_lengths(frames)`` placeholder tokens (1 s → 100 frames → 25 tokens).
+
+Each media item becomes a :class:`MediaEncoding`: the ids that replace its placeholder token (``n`` copies of
+``<|IMAGE|>`` / ``<|VIDEO|>`` / ``<|AUDIO|>``) and tensors whose first axis concatenates across items, so a
+conversation's (or a batch's) media is the per-key ``torch.cat`` of its items in order. The keys are exactly the
+thinker's ``forward``/``generate`` arguments: ``pixel_values``, ``image_grid_thw``, ``pixel_values_videos``,
+``video_grid_thw``, ``video_second_per_grid``, ``input_features``, ``feature_attention_mask``. (The
+Qwen2.5-Omni thinker of transformers 5.24 takes no ``mm_token_type_ids``: it finds media by token id.)
+
+``render`` (``relax_gym.omni.render``) drives this processor through ``apply_chat_template``, ``encode_text``,
+``encode_media`` and ``media_token_ids``; ``__call__`` is the usual HF entry point for text with placeholders.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import AutoTokenizer, BatchFeature, PreTrainedTokenizerBase, WhisperFeatureExtractor
+
+from relax_gym.omni.decode import DecodedAudio, DecodedVideo
+from relax_gym.trainer.policy.tokenizer import MEDIA_TOKENS
+
+__all__ = ["MEDIA_KEYS", "MediaEncoding", "OmniProcessor", "smart_resize"]
+
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+
+#: Every tensor a conversation's media can contribute, by kind.
+MEDIA_KEYS: dict[str, tuple[str, ...]] = {
+    "image": ("pixel_values", "image_grid_thw"),
+    "video": ("pixel_values_videos", "video_grid_thw", "video_second_per_grid"),
+    "audio": ("input_features", "feature_attention_mask"),
+}
+MIN_AUDIO_SAMPLES = 1600  # 0.1 s at 16 kHz: shorter clips are zero-padded (they would give no audio token)
+
+
+@dataclass
+class MediaEncoding:
+    """One media item: its placeholder expansion and its tensors (first axis concatenates across items)."""
+
+    kind: str
+    token_ids: list[int]
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's resize rule: sides multiples of ``factor``, area in ``[min_pixels, max_pixels]``, aspect kept."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+class OmniProcessor:
+    """Tokenizer + image/video patcher + Whisper features for the Qwen2.5-Omni thinker (no torchvision)."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        patch_size: int = 14,
+        temporal_patch_size: int = 2,
+        merge_size: int = 2,
+        min_pixels: int = 56 * 56,
+        max_pixels: int = 28 * 28 * 1280,
+        video_min_pixels: int | None = None,
+        video_max_pixels: int | None = None,
+        image_mean: Sequence[float] = OPENAI_CLIP_MEAN,
+        image_std: Sequence[float] = OPENAI_CLIP_STD,
+        feature_extractor: WhisperFeatureExtractor | None = None,
+        default_video_fps: float = 2.0,
+        chat_template: str | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.patch_size = int(patch_size)
+        self.temporal_patch_size = int(temporal_patch_size)
+        self.merge_size = int(merge_size)
+        self.min_pixels = int(min_pixels)
+        self.max_pixels = int(max_pixels)
+        self.video_min_pixels = int(video_min_pixels if video_min_pixels is not None else min_pixels)
+        self.video_max_pixels = int(video_max_pixels if video_max_pixels is not None else max_pixels)
+        self.image_mean = np.asarray(image_mean, dtype=np.float32)
+        self.image_std = np.asarray(image_std, dtype=np.float32)
+        self.feature_extractor = feature_extractor or WhisperFeatureExtractor(feature_size=128)
+        self.default_video_fps = float(default_video_fps)
+        self.chat_template = chat_template if chat_template is not None else tokenizer.chat_template
+        # Token names as the Qwen2.5-Omni tokenizer exposes them, falling back to its standard spellings.
+        for attr, default in MEDIA_TOKENS.items():
+            token = getattr(tokenizer, attr, None) or default
+            setattr(self, attr, str(token))
+            token_id = tokenizer.convert_tokens_to_ids(str(token))
+            if token_id is None or token_id == tokenizer.unk_token_id:
+                raise ValueError(f"the tokenizer has no {attr} {token!r} as a single token")
+            setattr(self, f"{attr}_id", int(token_id))
+        self.eos_token = str(tokenizer.eos_token)
+        self.eos_token_id = int(tokenizer.eos_token_id)
+        self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+
+    def with_chat_template(self, chat_template: str) -> OmniProcessor:
+        """A shallow copy that renders with another chat template (same tokenizer and media settings)."""
+        other = copy.copy(self)
+        other.chat_template = chat_template
+        return other
+
+    # -- text ---------------------------------------------------------------------------------------------
+
+    @property
+    def media_token_ids(self) -> dict[str, int]:
+        """The placeholder id of each media kind, as the chat template emits it (one per item, before expansion)."""
+        return {"image": self.image_token_id, "video": self.video_token_id, "audio": self.audio_token_id}
+
+    @property
+    def control_token_ids(self) -> list[int]:
+        """Ids a policy must never sample: media placeholders and their brackets, ``<|vision_pad|>``, the pad
+        token and ``<|im_start|>`` (a sampled media token breaks the next forward: features and tokens mismatch)."""
+        ids = {self.image_token_id, self.video_token_id, self.audio_token_id, self.vision_bos_token_id,
+               self.vision_eos_token_id, self.audio_bos_token_id, self.audio_eos_token_id, self.pad_token_id}
+        for name in ("<|vision_pad|>", "<|im_start|>"):
+            token_id = self.tokenizer.convert_tokens_to_ids(name)
+            if token_id is not None and token_id != self.tokenizer.unk_token_id:
+                ids.add(int(token_id))
+        ids.discard(self.eos_token_id)
+        return sorted(ids)
+
+    def apply_chat_template(self, conversation: Sequence[Mapping[str, Any]], *, tokenize: bool = False,
+                            add_generation_prompt: bool = False, **kwargs: Any) -> str | list[int]:
+        """The chat template on OpenAI-style dicts (content a string or a list of ``{"type": ...}`` parts);
+        media parts become single placeholders, expanded only by ``render`` / ``__call__``."""
+        return self.tokenizer.apply_chat_template(
+            list(conversation), chat_template=self.chat_template, tokenize=tokenize,
+            add_generation_prompt=add_generation_prompt, **kwargs,
+        )
+
+    def encode_text(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int], **kwargs: Any) -> str:
+        return self.tokenizer.decode(list(token_ids), **kwargs)
+
+    def batch_decode(self, sequences, **kwargs: Any) -> list[str]:
+        return self.tokenizer.batch_decode(sequences, **kwargs)
+
+    # -- media --------------------------------------------------------------------------------------------
+
+    def encode_media(self, kind: str, data: Any) -> MediaEncoding:
+        if kind == "image":
+            return self.encode_image(data)
+        if kind == "video":
+            return self.encode_video(data)
+        if kind == "audio":
+            return self.encode_audio(data)
+        raise ValueError(f"unknown media kind {kind!r}")
+
+    def encode_image(self, image: np.ndarray | Image.Image) -> MediaEncoding:
+        array = np.asarray(image.convert("RGB")) if isinstance(image, Image.Image) else np.asarray(image)
+        if array.ndim != 3 or array.shape[-1] != 3 or array.dtype != np.uint8:
+            raise ValueError(f"an image must be uint8 (H, W, 3), got {array.dtype} {array.shape}")
+        frames = self._resize_normalise(array[None], self.min_pixels, self.max_pixels)
+        frames = np.repeat(frames, self.temporal_patch_size, axis=0)  # an image is a still clip of tp frames
+        patches, grid = self._patchify(frames)
+        n = int(np.prod(grid)) // self.merge_size**2
+        return MediaEncoding("image", [self.image_token_id] * n, {
+            "pixel_values": torch.from_numpy(patches),
+            "image_grid_thw": torch.tensor([grid], dtype=torch.long),
+        })
+
+    def encode_video(self, video: DecodedVideo | np.ndarray, *, fps: float | None = None) -> MediaEncoding:
+        if isinstance(video, DecodedVideo):
+            frames = np.asarray(video.frames)
+            fps = fps or _fps_of(video.timestamps)
+        else:
+            frames = np.asarray(video)
+        if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or frames.shape[0] == 0:
+            raise ValueError(f"a video must be uint8 (T, H, W, 3) with T >= 1, got {frames.dtype} {frames.shape}")
+        fps = float(fps or self.default_video_fps)
+        pad = (-frames.shape[0]) % self.temporal_patch_size
+        if pad:
+            frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
+        patches, grid = self._patchify(self._resize_normalise(frames, self.video_min_pixels, self.video_max_pixels))
+        n = int(np.prod(grid)) // self.merge_size**2
+        return MediaEncoding("video", [self.video_token_id] * n, {
+            "pixel_values_videos": torch.from_numpy(patches),
+            "video_grid_thw": torch.tensor([grid], dtype=torch.long),
+            "video_second_per_grid": torch.tensor([self.temporal_patch_size / fps], dtype=torch.float32),
+        })
+
+    def encode_audio(self, audio: DecodedAudio | np.ndarray, *, sample_rate: int | None = None) -> MediaEncoding:
+        fe = self.feature_extractor
+        if isinstance(audio, DecodedAudio):
+            wave, sample_rate = np.asarray(audio.waveform), audio.sample_rate
+        else:
+            wave = np.asarray(audio)
+        sample_rate = int(sample_rate or fe.sampling_rate)
+        if sample_rate != fe.sampling_rate:
+            raise ValueError(f"audio must be sampled at {fe.sampling_rate} Hz for the feature extractor, got {sample_rate} "
+                             "(decode it with AudioSampling(sample_rate=...))")
+        if wave.ndim != 1 or not np.issubdtype(wave.dtype, np.floating):
+            raise ValueError(f"audio must be a mono float waveform (N,), got {wave.dtype} {wave.shape}")
+        if len(wave) < MIN_AUDIO_SAMPLES:
+            wave = np.pad(wave, (0, MIN_AUDIO_SAMPLES - len(wave)))
+        out = fe(wave.astype(np.float32), sampling_rate=sample_rate, padding="max_length", truncation=True,
+                 return_attention_mask=True, return_tensors="pt")
+        mask = out["attention_mask"].to(torch.long)
+        frames = int(mask.sum())
+        n = audio_token_count(frames)
+        return MediaEncoding("audio", [self.audio_token_id] * n, {
+            "input_features": out["input_features"].to(torch.float32),
+            "feature_attention_mask": mask,
+        })
+
+    def _resize_normalise(self, frames: np.ndarray, min_pixels: int, max_pixels: int) -> np.ndarray:
+        """uint8 (T, H, W, 3) → float32 (T, 3, h, w) resized by smart_resize, rescaled, normalised."""
+        _, height, width, _ = frames.shape
+        factor = self.patch_size * self.merge_size
+        h, w = smart_resize(height, width, factor, min_pixels, max_pixels)
+        if (h, w) != (height, width):
+            frames = np.stack([np.asarray(Image.fromarray(f).resize((w, h), Image.Resampling.BICUBIC)) for f in frames])
+        x = frames.astype(np.float32) * np.float32(1 / 255)
+        x = (x - self.image_mean) / self.image_std
+        return np.ascontiguousarray(x.transpose(0, 3, 1, 2), dtype=np.float32)
+
+    def _patchify(self, x: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """float32 (T, C, H, W), T a multiple of tp → rows (gt, gh/m, gw/m, m, m), columns (C, tp, ps, ps)."""
+        t, c, h, w = x.shape
+        tp, ps, m = self.temporal_patch_size, self.patch_size, self.merge_size
+        gt, gh, gw = t // tp, h // ps, w // ps
+        x = x.reshape(gt, tp, c, gh // m, m, ps, gw // m, m, ps)
+        x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+        return np.ascontiguousarray(x.reshape(gt * gh * gw, c * tp * ps * ps)), [gt, gh, gw]
+
+    # -- HF-style call and batching -----------------------------------------------------------------------
+
+    def __call__(self, text: str | Sequence[str], images: Sequence[Any] | None = None, videos: Sequence[Any] | None = None,
+                 audio: Sequence[Any] | None = None, *, padding_side: str = "left", return_tensors: str = "pt") -> BatchFeature:
+        """Text with one placeholder per media item (as the chat template writes them) → ``input_ids``,
+        ``attention_mask`` and the media tensors; placeholders are expanded in order of appearance."""
+        texts = [text] if isinstance(text, str) else list(text)
+        queues = {"image": list(images or []), "video": list(videos or []), "audio": list(audio or [])}
+        by_id = {v: k for k, v in self.media_token_ids.items()}
+        rows: list[list[int]] = []
+        encodings: list[MediaEncoding] = []
+        for t in texts:
+            ids: list[int] = []
+            for token in self.encode_text(t):
+                kind = by_id.get(token)
+                if kind is None:
+                    ids.append(token)
+                    continue
+                if not queues[kind]:
+                    raise ValueError(f"the text has more {kind} placeholders than {kind} inputs")
+                enc = self.encode_media(kind, queues[kind].pop(0))
+                encodings.append(enc)
+                ids.extend(enc.token_ids)
+            rows.append(ids)
+        left = {k: len(v) for k, v in queues.items() if v}
+        if left:
+            raise ValueError(f"media inputs without a placeholder in the text: {left}")
+        batch = self.pad([(r, [1] * len(r)) for r in rows], padding_side=padding_side)
+        batch.update(concat_media([e.tensors for e in encodings]))
+        return BatchFeature(data={k: v for k, v in batch.items() if k != "loss_mask"}, tensor_type=None)
+
+    def pad(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]], *, padding_side: str = "right") -> dict[str, torch.Tensor]:
+        """``(ids, loss_mask)`` rows → ``input_ids``, ``attention_mask``, ``loss_mask`` (B, L), padded with the pad id."""
+        if padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+        width = max((len(ids) for ids, _ in rows), default=0)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        loss = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (ids, mask) in enumerate(rows):
+            n = len(ids)
+            sl = slice(width - n, width) if padding_side == "left" else slice(0, n)
+            input_ids[i, sl] = torch.as_tensor(list(ids), dtype=torch.long)
+            attention[i, sl] = 1
+            loss[i, sl] = torch.as_tensor(list(mask), dtype=torch.long)
+        return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss}
+
+    def collate(self, rendered: Sequence[Any], *, padding_side: str = "right") -> dict[str, torch.Tensor]:
+        """A batch of ``Rendered`` (anything with ``input_ids``, ``loss_mask``, ``mm``) → model inputs plus
+        ``loss_mask``; media concatenated in batch order (the order the thinker consumes them). Use
+        ``padding_side="left"`` for ``generate``, ``"right"`` for a training forward."""
+        batch = self.pad([(r.input_ids, r.loss_mask) for r in rendered], padding_side=padding_side)
+        batch.update(concat_media([r.mm for r in rendered]))
+        return batch
+
+    # -- persistence --------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        fe = self.feature_extractor
+        return {
+            "processor_class": type(self).__name__,
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "feature_extractor_type": "WhisperFeatureExtractor",
+            "patch_size": self.patch_size,
+            "temporal_patch_size": self.temporal_patch_size,
+            "merge_size": self.merge_size,
+            "min_pixels": self.min_pixels,
+            "max_pixels": self.max_pixels,
+            "video_min_pixels": self.video_min_pixels,
+            "video_max_pixels": self.video_max_pixels,
+            "image_mean": [float(v) for v in self.image_mean],
+            "image_std": [float(v) for v in self.image_std],
+            "default_video_fps": self.default_video_fps,
+            "feature_size": fe.feature_size,
+            "sampling_rate": fe.sampling_rate,
+            "hop_length": fe.hop_length,
+            "chunk_length": fe.chunk_length,
+            "n_fft": fe.n_fft,
+            "padding_value": fe.padding_value,
+            "return_attention_mask": True,
+        }
+
+    def save_pretrained(self, save_directory: str | Path) -> None:
+        """``tokenizer.json`` & co. (chat template included) and one ``preprocessor_config.json`` holding the
+        image and audio settings, in the layout of the Qwen2.5-Omni checkpoints."""
+        path = Path(save_directory)
+        path.mkdir(parents=True, exist_ok=True)
+        self.tokenizer.chat_template = self.chat_template
+        self.tokenizer.save_pretrained(str(path))
+        (path / PREPROCESSOR_CONFIG).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, **overrides: Any) -> OmniProcessor:
+        """Load from a directory written by :meth:`save_pretrained` or a Qwen2.5-Omni checkpoint (its tokenizer,
+        ``preprocessor_config.json`` and chat template; the torchvision video processor is never built)."""
+        path = Path(directory)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        cfg: dict[str, Any] = {}
+        if (path / PREPROCESSOR_CONFIG).is_file():
+            cfg = json.loads((path / PREPROCESSOR_CONFIG).read_text())
+        video_cfg: dict[str, Any] = {}
+        if (path / "video_preprocessor_config.json").is_file():
+            video_cfg = json.loads((path / "video_preprocessor_config.json").read_text())
+        size = cfg.get("size") or {}
+        min_pixels = cfg.get("min_pixels", size.get("shortest_edge", 56 * 56))
+        max_pixels = cfg.get("max_pixels", size.get("longest_edge", 28 * 28 * 1280))
+        vsize = video_cfg.get("size") or {}
+        fe = WhisperFeatureExtractor(**{k: cfg[k] for k in ("feature_size", "sampling_rate", "hop_length", "chunk_length", "n_fft", "padding_value") if k in cfg})
+        chat_template = tokenizer.chat_template
+        for name in ("chat_template.jinja", "chat_template.json"):
+            if chat_template is None and (path / name).is_file():
+                raw = (path / name).read_text()
+                chat_template = json.loads(raw)["chat_template"] if name.endswith(".json") else raw
+        kwargs: dict[str, Any] = dict(
+            patch_size=cfg.get("patch_size", 14),
+            temporal_patch_size=cfg.get("temporal_patch_size", 2),
+            merge_size=cfg.get("merge_size", 2),
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
+            video_min_pixels=cfg.get("video_min_pixels", video_cfg.get("min_pixels", vsize.get("shortest_edge"))),
+            video_max_pixels=cfg.get("video_max_pixels", video_cfg.get("max_pixels", vsize.get("longest_edge"))),
+            image_mean=cfg.get("image_mean", OPENAI_CLIP_MEAN),
+            image_std=cfg.get("image_std", OPENAI_CLIP_STD),
+            feature_extractor=fe,
+            default_video_fps=cfg.get("default_video_fps", 2.0),
+            chat_template=chat_template,
+        )
+        kwargs.update(overrides)
+        return cls(tokenizer, **kwargs)
+
+
+def audio_token_count(frames: int) -> int:
+    """Placeholder tokens for ``frames`` mel frames: the audio tower's ``_get_feat_extract_output_lengths``."""
+    after_cnn = (frames - 1) // 2 + 1
+    return (after_cnn - 2) // 2 + 1
+
+
+def concat_media(items: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Per-key ``torch.cat`` along the first axis, keys in first-seen order; empty mappings are skipped."""
+    grouped: dict[str, list[torch.Tensor]] = {}
+    for item in items:
+        for key, tensor in item.items():
+            grouped.setdefault(key, []).append(tensor)
+    return {k: v[0] if len(v) == 1 else torch.cat(v, dim=0) for k, v in grouped.items()}
+
+
+def _fps_of(timestamps: np.ndarray) -> float | None:
+    ts = np.asarray(timestamps, dtype=np.float64)
+    if len(ts) < 2 or ts[-1] <= ts[0]:
+        return None
+    return float((len(ts) - 1) / (ts[-1] - ts[0]))
