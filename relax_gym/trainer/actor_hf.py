@@ -1,0 +1,135 @@
+"""The ``hf`` actor backend: plain torch training of a transformers policy (CPU default, GPU when present).
+
+One job: turn batches of trajectories into optimiser steps. It computes token log-probs with the sampler's
+temperature and with the tokens the sampler may never emit (media pads, pad) masked to -inf, so training and
+rollout log-probs describe the same distribution; it splits a batch into micro-batches and weights each one's
+loss by its share of the batch (tokens for token-level aggregation, sequences otherwise), so gradient
+accumulation gives the same step as one big batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from relax_gym.trainer.algorithms import AlgorithmConfig, policy_loss, sft_loss, token_logprobs
+
+
+class HFActor:
+    def __init__(self, model, processor, *, lr: float, betas=(0.9, 0.99), weight_decay: float = 0.0,
+                 grad_clip: float = 1.0, micro_batch_size: int = 32) -> None:
+        self.model = model
+        self.processor = processor
+        self.grad_clip = grad_clip
+        self.micro_batch_size = micro_batch_size
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas, weight_decay=weight_decay)
+        self._blocked = torch.tensor(sorted(processor.control_token_ids), dtype=torch.long)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # -- log-probs ----------------------------------------------------------------------------------------
+
+    def forward_logprobs(self, items: Sequence[Any], temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs (B, T-1) of each next token, loss mask (B, T-1)) for a micro-batch of rendered sequences."""
+        batch = self.processor.collate(items, padding_side="right")
+        mask = batch.pop("loss_mask")
+        input_ids = batch["input_ids"]
+        logits = self.model(**batch).logits[:, :-1]
+        if len(self._blocked):
+            logits = logits.index_fill(-1, self._blocked, float("-inf"))
+        lps = token_logprobs(logits, input_ids[:, 1:], temperature=temperature)
+        return lps, mask[:, 1:].to(lps.dtype)
+
+    @torch.no_grad()
+    def logprobs(self, items: Sequence[Any], temperature: float = 1.0) -> list[torch.Tensor]:
+        out = []
+        for chunk in _chunks(list(items), self.micro_batch_size):
+            lps, _ = self.forward_logprobs(chunk, temperature)
+            out += [row for row in lps]
+        return out
+
+    # -- steps --------------------------------------------------------------------------------------------
+
+    def rl_step(self, items: Sequence[Any], advantages: torch.Tensor, algo: AlgorithmConfig,
+                ref_logprobs: list[torch.Tensor] | None = None, epochs: int = 1) -> dict[str, float]:
+        """One RL update on ``items`` (objects with input_ids, loss_mask, mm, rollout_logprobs)."""
+        items = list(items)
+        old = self.logprobs(items, algo.temperature) if epochs > 1 else None
+        metrics: dict[str, float] = {}
+        for _ in range(epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            weights = self._shares(items, algo.aggregation)
+            totals: dict[str, float] = {}
+            for idx in _chunks(list(range(len(items))), self.micro_batch_size):
+                chunk = [items[i] for i in idx]
+                lps, mask = self.forward_logprobs(chunk, algo.temperature)
+                old_lps = lps.detach() if old is None else _stack([old[i] for i in idx], lps.shape)
+                rollout = _stack([torch.tensor(items[i].rollout_logprobs[1:], dtype=lps.dtype) for i in idx], lps.shape)
+                ref = _stack([ref_logprobs[i] for i in idx], lps.shape) if ref_logprobs is not None else None
+                kwargs = algo.loss_kwargs()
+                out = policy_loss(lps, old_lps, advantages[idx], mask, ref_logprobs=ref,
+                                  rollout_logprobs=rollout if kwargs.get("tis_cap") else None, **kwargs)
+                share = sum(weights[i] for i in idx)
+                (out.loss * share).backward()
+                for k, v in out.metrics.items():
+                    totals[k] = totals.get(k, 0.0) + v * share
+                totals["mismatch_kl"] = totals.get("mismatch_kl", 0.0) + share * _mismatch(lps.detach(), rollout, mask)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            self.optimizer.step()
+            metrics = {**totals, "grad_norm": float(grad_norm)}
+        return metrics
+
+    def sft_step(self, items: Sequence[Any]) -> dict[str, float]:
+        items = list(items)
+        self.optimizer.zero_grad(set_to_none=True)
+        weights = self._shares(items, "token_mean")
+        nll = 0.0
+        for idx in _chunks(list(range(len(items))), self.micro_batch_size):
+            lps, mask = self.forward_logprobs([items[i] for i in idx])
+            out = sft_loss(lps, mask)
+            share = sum(weights[i] for i in idx)
+            (out.loss * share).backward()
+            nll += out.metrics["nll"] * share
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        return {"sft_nll": nll, "grad_norm": float(grad_norm)}
+
+    @staticmethod
+    def _shares(items: Sequence[Any], aggregation: str) -> list[float]:
+        if aggregation == "token_mean":
+            tokens = [sum(it.loss_mask[1:]) for it in items]
+            total = sum(tokens) or 1
+            return [t / total for t in tokens]
+        valid = [1.0 if sum(it.loss_mask[1:]) > 0 else 0.0 for it in items]
+        total = sum(valid) or 1.0
+        return [v / total for v in valid]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+
+def _chunks(xs: list, n: int) -> list[list]:
+    return [xs[i : i + n] for i in range(0, len(xs), n)]
+
+
+def _stack(rows: Sequence[torch.Tensor], shape: torch.Size) -> torch.Tensor:
+    """Right-pad 1-D rows with zeros to ``shape`` (B, T)."""
+    out = torch.zeros(shape)
+    for i, row in enumerate(rows):
+        n = min(len(row), shape[1])
+        out[i, :n] = row[:n]
+    return out
+
+
+def _mismatch(train_lps: torch.Tensor, rollout_lps: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean |train - rollout| log-prob over sampled tokens: how far the engine's numbers are from the trainer's."""
+    n = float(mask.sum())
+    if n == 0:
+        return 0.0
+    diff = ((train_lps - rollout_lps).abs() * mask).sum() / n
+    return float(diff) if math.isfinite(float(diff)) else float("inf")

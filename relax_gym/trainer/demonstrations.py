@@ -1,0 +1,37 @@
+"""Demonstrations for the SFT warm-up of random-init policies: the env's gold policy, rendered.
+
+With ``random_answers`` (the default for warm-up) the final ``<answer>`` letter is replaced by a random option
+letter and the ``<think>`` text by a fixed short phrase: the warm-up teaches the output *format* only, never the
+labels, so any accuracy gained later is learned by RL from the media.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from relax_gym.omni import Message, TextPart
+from relax_gym.omni.render import Rendered, render
+
+_ANSWER_LETTER = re.compile(r"<answer>\s*([A-Z])\s*</answer>")
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+SHORT_THINK = "<think>I look.</think>"
+
+
+def demonstration(env, processor, seed: int, rng: np.random.Generator, *, random_answers: bool = True, max_turns: int = 16) -> Rendered:
+    base = env.unwrapped
+    obs, info = env.reset(seed=seed)
+    messages = list(obs)
+    for _ in range(max_turns):
+        action = info["gold"]
+        if random_answers:
+            action = _THINK.sub(SHORT_THINK, action, count=1)
+            n_options = len(getattr(getattr(base, "sample", None), "options", ()) or getattr(base, "options", ()) or "ABCD")
+            action = _ANSWER_LETTER.sub(lambda m: f"<answer>{'ABCDEFGHIJ'[int(rng.integers(n_options))]}</answer>", action)
+        messages.append(Message(role="assistant", content=(TextPart(action),)))
+        obs, _, terminated, truncated, info = env.step(action)
+        messages += list(obs)
+        if terminated or truncated:
+            break
+    return render(messages, processor, add_generation_prompt=False)
