@@ -13,10 +13,22 @@ directories) is shown read-only; the root itself is remounted read-only, so only
 
 bwrap run by root with ``--uid`` maps the sandbox user to host root, so the process that becomes bwrap first joins
 the cgroup (as root) and then drops to spec.uid:gid with no supplementary groups (``setpriv``, or a preexec_fn when
-util-linux is missing) before exec'ing bwrap unprivileged; bwrap then builds a user namespace in which spec.uid is
-itself. No user code runs before the cgroup is joined. The environment is cleared and set by bwrap (--clearenv,
---setenv), so spec.env never reaches a process that runs as root. Needs root (to drop to the uid, write cgroups and
-mount the /tmp tmpfs).
+util-linux or bash is missing) before exec'ing bwrap unprivileged; bwrap then builds a user namespace in which
+spec.uid is itself. No user code runs before the cgroup is joined. The environment is cleared and set by bwrap
+(--clearenv, --setenv), so spec.env never reaches a process that runs as root. Needs root (to drop to the uid, write
+cgroups and mount the /tmp tmpfs).
+
+Latency: moving a process into a cgroup v1 group waits for an RCU grace period (~12 ms on a small VM, more than a
+whole ``python3 -c pass``), and bwrap's namespace + mount setup costs a few ms more. Neither depends on the command,
+so each sandbox keeps one *standby* launched ahead of time (at create, after every command and after reset): the
+launcher has joined the cgroup, bwrap has built the namespaces and mounts, and its pid 2 is ``/bin/sh -s`` (uid
+spec.uid, no capabilities) blocked reading one ``exec`` line from a pipe. ``exec`` writes that line (the argv, quoted
+with shlex; ``0</dev/null`` or the stdin pipe on fd 3) and the helper execs the command in place, so a command
+costs about what the bare process costs. A standby is used for one command only (fresh namespaces each time); if
+its parent dies the pipe hits EOF and the helper exits without running anything. It is launched only once the
+previous command's processes are gone, so while a command runs the cgroup holds that command's sandbox alone (the
+limits are all the command's); between commands it holds the idle standby (3 processes, ~1 MB). A program that
+cannot be executed is reported the shell's way (rc 127 not found, 126 not executable, message on stderr).
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ import asyncio
 import atexit
 import ctypes
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -32,6 +45,7 @@ import posixpath
 import secrets
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import threading
@@ -63,6 +77,11 @@ SANDBOX_USER = "sandbox"
 DRAIN_GRACE_S = 2.0  # after the command exits and the cgroup is killed, how long the pipe readers may still take
 MAX_SYMLINK_HOPS = 40
 JOIN_FAILED = "relax-gym: cannot join the sandbox cgroup"
+# the standby's pid 2 until a command is given: it reads one "exec ..." line from fd 0 (a pipe) and execs it
+HELPER = ("/bin/sh", "-s")
+HELPER_STDIN_FD = 3  # where the helper finds the command's stdin pipe
+_HIGH_FD = 10  # the stdin pipe is moved to >= 10 before the launcher puts it on fd 3
+READ_CHUNK = 256 * 1024
 
 # host top-level entries shown read-only (as the same symlink when the host has a symlink, e.g. merged /usr)
 _SYSTEM_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -203,6 +222,7 @@ def _close_all_at_exit() -> None:
     for box in boxes:
         box._closed = True
         try:
+            box._discard_standby()
             _destroy_resources(box._root, box.id)
         except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass
@@ -211,8 +231,25 @@ def _close_all_at_exit() -> None:
 atexit.register(_close_all_at_exit)
 
 
-def _drop_privileges(procs_files: list[str], uid: int, gid: int):
-    """preexec_fn for the bwrap child: join the cgroup (needs root), then become uid:gid for good."""
+def _forget_standbys_in_child() -> None:
+    """After a bare os.fork() (multiprocessing's default on Linux, DataLoader workers): the child must not keep
+    copies of our ends of the standbys' pipes, or a command's stdin would never see EOF while the child lives. The
+    launchers stay the parent's (the child cannot wait for them; its copy of each Popen is marked finished)."""
+    for box in list(_OPEN.values()):
+        box._standby_lock = threading.Lock()  # another thread of the parent may have held it at the fork
+        sb, box._standby = box._standby, None
+        if sb is not None:
+            sb.close()
+            sb.proc.returncode = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_standbys_in_child)
+
+
+def _drop_privileges(procs_files: list[str], uid: int, gid: int, stdin_fd: int | None = None):
+    """preexec_fn for the launcher child: join the cgroup (needs root), put the helper's stdin pipe on fd 3, then
+    become uid:gid for good."""
 
     def preexec() -> None:
         pid = str(os.getpid()).encode()
@@ -222,6 +259,8 @@ def _drop_privileges(procs_files: list[str], uid: int, gid: int):
                 os.write(fd, pid)
             finally:
                 os.close(fd)
+        if stdin_fd is not None:
+            os.dup2(stdin_fd, HELPER_STDIN_FD)  # inheritable; kept through close_fds by pass_fds
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)
@@ -229,21 +268,38 @@ def _drop_privileges(procs_files: list[str], uid: int, gid: int):
     return preexec
 
 
-def _launcher(setpriv: str | None, procs_files: list[str], uid: int, gid: int) -> tuple[list[str], object]:
-    """How to start bwrap: (argv prefix, preexec_fn).
-
-    With util-linux ``setpriv`` a two-line root shell joins the cgroup and execs ``setpriv`` (drop to uid:gid, no
-    supplementary groups) which execs bwrap; Python can then spawn with vfork. A ``preexec_fn`` forces a real
-    fork(), whose cost grows with the parent's memory (measured here: 59 ms from a 1 GiB process vs 4 ms), and
-    RL trainers are big processes. Without setpriv we fall back to the preexec_fn."""
-    if setpriv is None:
-        return [], _drop_privileges(procs_files, uid, gid)
+def _launch_script(setpriv: str, procs_files: list[str], uid: int, gid: int, stdin_fd: int) -> str:
+    """The root bash that joins the cgroup, moves the stdin pipe to fd 3 (dash cannot name fds above 9) and execs
+    ``setpriv`` (drop to uid:gid, no supplementary groups), which execs bwrap. Python can then spawn with vfork: a
+    ``preexec_fn`` forces a real fork(), whose cost grows with the parent's memory (measured here: 59 ms from a
+    1 GiB process vs 4 ms), and RL trainers are big processes."""
     joins = " && ".join(f"echo $$ > {shlex.quote(p)}" for p in procs_files)
-    script = (
+    return (
         f"{{ {joins}; }} 2>/dev/null || {{ echo '{JOIN_FAILED}' >&2; exit 125; }}\n"
+        f"exec {HELPER_STDIN_FD}<&{int(stdin_fd)} {int(stdin_fd)}<&- || exit 125\n"
         f"exec {shlex.quote(setpriv)} --reuid={uid} --regid={gid} --clear-groups -- \"$@\""
     )
-    return ["/bin/sh", "-c", script, "sh"], None
+
+
+def _command_line(argv: list[str], with_stdin: bool) -> bytes:
+    """The line the standby's helper runs: ``exec`` of the argv (each word single-quoted, so nothing in it is shell
+    syntax), stdin from the pipe on fd 3 or from /dev/null, fd 3 closed."""
+    words = []
+    for arg in argv:
+        if "\0" in arg:
+            raise ValueError("embedded null byte")
+        words.append(shlex.quote(arg))
+    redirect = f"0<&{HELPER_STDIN_FD}" if with_stdin else "0</dev/null"
+    return os.fsencode(f"exec {' '.join(words)} {redirect} {HELPER_STDIN_FD}<&-\n")
+
+
+def _close_fds(*fds: int | None) -> None:
+    for fd in fds:
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _system_args() -> list[str]:
@@ -267,31 +323,149 @@ def _namespace_args(network: bool) -> list[str]:
 # ---------------------------------------------------------------------------------------------- the sandbox
 
 
-class _ExecProtocol(asyncio.SubprocessProtocol):
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
-        self.caps = {1: OutputCap(limit), 2: OutputCap(limit)}
+class _Standby:
+    """One launched sandbox waiting for its command (see the module docstring). Owns the launcher process and our
+    ends of its pipes: ``ctl`` (the helper's fd 0), ``stdin`` (the helper's fd 3), ``out`` and ``err``."""
+
+    def __init__(self, proc: subprocess.Popen, ctl: int, stdin: int, out: int, err: int) -> None:
+        self.proc = proc
+        # bwrap --die-with-parent: the kernel kills it when the *thread* that spawned it exits
+        self.thread = threading.current_thread()
+        self.fds: dict[str, int] = {"ctl": ctl, "stdin": stdin, "out": out, "err": err}
+        try:
+            self.pidfd: int | None = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):  # Python < 3.9 or kernel < 5.3: a thread waits instead
+            self.pidfd = None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def usable(self) -> bool:
+        """Alive, and spawned by this thread (one spawned by another thread dies whenever that thread ends)."""
+        return self.thread is threading.current_thread() and self.alive()
+
+    def take(self, name: str) -> int | None:
+        """Hand one of our pipe ends over to the caller (who closes it)."""
+        return self.fds.pop(name, None)
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            try:
+                self.proc.kill()  # only we reap this pid, so it cannot have been reused
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        _close_fds(*self.fds.values(), self.pidfd)
+        self.fds.clear()
+        self.pidfd = None
+
+    def discard(self) -> None:
+        """Kill it, reap it, close everything (blocks at most a few seconds; the process is SIGKILLed)."""
+        self.kill()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            log.warning("bwrap launcher %d not reaped 5 s after SIGKILL", self.proc.pid)
+        self.close()
+
+
+class _Exec:
+    """The event-loop side of one command run in a standby: output readers, stdin / command-line writers, exit."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, standby: _Standby, limit: int) -> None:
+        self.loop = loop
+        self.sb = standby
+        self.caps = {"out": OutputCap(limit), "err": OutputCap(limit)}
         self.exited = loop.create_future()
         self.drained = loop.create_future()
-        self._open = {1, 2}
+        self._readers: dict[int, OutputCap] = {}
+        self._writers: dict[int, memoryview] = {}
+        self._waiting = False
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        self.caps[fd].feed(data)  # beyond the cap only counted: huge outputs are drained, not stored
+    def start(self) -> None:
+        for name, cap in self.caps.items():
+            fd = self.sb.take(name)
+            self._readers[fd] = cap
+            os.set_blocking(fd, False)
+            self.loop.add_reader(fd, self._on_readable, fd)
+        if self.sb.pidfd is not None:
+            self.loop.add_reader(self.sb.pidfd, self._on_exit)
+            self._waiting = True
+        else:
+            waiter = self.loop.run_in_executor(None, self.sb.proc.wait)
+            waiter.add_done_callback(lambda _f: self._set(self.exited))
 
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        self._open.discard(fd)
-        if not self._open and not self.drained.done():
-            self.drained.set_result(None)
+    @staticmethod
+    def _set(fut: asyncio.Future) -> None:
+        if not fut.done():
+            fut.set_result(None)
 
-    def process_exited(self) -> None:
-        if not self.exited.done():
-            self.exited.set_result(None)
+    def _on_exit(self) -> None:
+        if self.sb.proc.poll() is not None:  # reaps it: pidfd is readable once the process has exited
+            self.loop.remove_reader(self.sb.pidfd)
+            self._waiting = False
+            self._set(self.exited)
+
+    def _on_readable(self, fd: int) -> None:
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            self._readers[fd].feed(data)  # beyond the cap only counted: huge outputs are drained, not stored
+            return
+        self.loop.remove_reader(fd)
+        os.close(fd)
+        del self._readers[fd]
+        if not self._readers:
+            self._set(self.drained)
+
+    def send(self, fd: int, data: bytes) -> None:
+        """Write ``data`` to ``fd`` (ours now) without blocking the loop, then close it; a reader that is gone
+        (the command exited without reading) just ends the write."""
+        os.set_blocking(fd, False)
+        self._writers[fd] = memoryview(data)
+        self._on_writable(fd)
+        if fd in self._writers:
+            self.loop.add_writer(fd, self._on_writable, fd)
+
+    def _on_writable(self, fd: int) -> None:
+        view = self._writers[fd]
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except (BlockingIOError, InterruptedError):
+            self._writers[fd] = view
+            return
+        except OSError:  # EPIPE: nobody reads any more
+            pass
+        self.loop.remove_writer(fd)
+        os.close(fd)
+        del self._writers[fd]
+
+    def close(self) -> None:
+        """Stop watching; close whatever is still open (idempotent)."""
+        for fd in list(self._readers):
+            self.loop.remove_reader(fd)
+            os.close(fd)
+        self._readers.clear()
+        for fd in list(self._writers):
+            self.loop.remove_writer(fd)
+            os.close(fd)
+        self._writers.clear()
+        if self._waiting:
+            self.loop.remove_reader(self.sb.pidfd)
+            self._waiting = False
 
 
 class BwrapSandbox(Sandbox):
     backend = "bwrap"
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, root: str, cgroup: SandboxCgroup, argv: list[str],
-                 setpriv: str | None = None) -> None:
+                 setpriv: str | None = None, bash: str | None = None) -> None:
         super().__init__(spec, sandbox_id)
         self._root = root
         self._base = os.path.join(root, sandbox_id)
@@ -299,8 +473,11 @@ class BwrapSandbox(Sandbox):
         self._tmp = os.path.join(self._base, "tmp")
         self._cg = cgroup
         self._creator_pid = os.getpid()
-        launcher, self._preexec = _launcher(setpriv, cgroup.procs_files, spec.uid, spec.gid)
-        self._argv = launcher + argv
+        self._bwrap_argv = [*argv, *HELPER]
+        # setpriv + bash: spawn with vfork; else a preexec_fn joins, moves the stdin pipe and drops privileges
+        self._launcher = (setpriv, bash) if setpriv and bash else None
+        self._standby: _Standby | None = None
+        self._standby_lock = threading.Lock()  # exec, reset and close may run on different threads / loops
         self._lock: asyncio.Lock | None = None
         self._lock_loop: asyncio.AbstractEventLoop | None = None
         workdir = posixpath.normpath(spec.workdir)
@@ -335,67 +512,153 @@ class BwrapSandbox(Sandbox):
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
         if not argv:
             raise ValueError("empty command")
+        line = _command_line(argv, stdin is not None)
         async with self._exec_lock():
             if self._closed:
                 raise SandboxError(f"sandbox {self.id} is closed")
             self._check_alive()
-            return await self._run(argv, timeout, stdin)
+            result = await self._run(line, timeout, stdin)
+            self._prepare()  # the next command's sandbox, built while the caller looks at this result
+            return result
 
-    async def _run(self, argv: list[str], timeout: float, stdin: bytes | None) -> ExecResult:
+    # -- standby ------------------------------------------------------------------------------------------------
+
+    def _launch(self) -> _Standby:
+        """Start a launcher: join the cgroup, drop to the uid, bwrap, helper waiting for its command line."""
+        spec, procs = self.spec, self._cg.procs_files
+        opened: list[int] = []
+        try:
+            ctl_r, ctl_w = os.pipe()
+            opened += [ctl_r, ctl_w]
+            in_low, in_w = os.pipe()
+            opened += [in_low, in_w]
+            in_r = fcntl.fcntl(in_low, fcntl.F_DUPFD_CLOEXEC, _HIGH_FD)
+            opened.append(in_r)
+            out_r, out_w = os.pipe()
+            opened += [out_r, out_w]
+            err_r, err_w = os.pipe()
+            opened += [err_r, err_w]
+            if self._launcher is not None:
+                setpriv, bash = self._launcher
+                script = _launch_script(setpriv, procs, spec.uid, spec.gid, in_r)
+                argv, preexec, keep = [bash, "-c", script, "relax-gym-launcher", *self._bwrap_argv], None, (in_r,)
+            else:
+                argv = self._bwrap_argv
+                preexec, keep = _drop_privileges(procs, spec.uid, spec.gid, in_r), (in_r, HELPER_STDIN_FD)
+            proc = subprocess.Popen(
+                argv, stdin=ctl_r, stdout=out_w, stderr=err_w, pass_fds=keep, env={}, cwd="/",
+                start_new_session=True, umask=0o022, preexec_fn=preexec,
+            )
+        except BaseException:
+            _close_fds(*opened)
+            raise
+        _close_fds(ctl_r, in_low, in_r, out_w, err_w)
+        return _Standby(proc, ctl_w, in_w, out_r, err_r)
+
+    def _prepare(self) -> None:
+        """Launch the standby for the next command unless there is one or the sandbox is closing. Best effort: a
+        launch that fails here is retried (and reported) by the next exec. Called on the event loop's thread,
+        which lives as long as the loop (a worker thread's exit would kill the standby: --die-with-parent)."""
+        with self._standby_lock:
+            if self._closed or self._standby is not None or os.getpid() != self._creator_pid:
+                return
+            try:
+                self._standby = self._launch()
+            except (OSError, subprocess.SubprocessError) as e:
+                log.debug("bwrap sandbox %s: cannot launch a standby: %s", self.id, e)
+
+    def _take_standby(self) -> _Standby | None:
+        """The prepared standby if it is still waiting (one that died, e.g. killed by reset, or that another
+        thread spawned is discarded)."""
+        if os.getpid() != self._creator_pid:  # a forked child: the launcher is its parent's
+            return None
+        with self._standby_lock:
+            sb, self._standby = self._standby, None
+        if sb is not None and not sb.usable():
+            sb.discard()
+            sb = None
+        return sb
+
+    def _discard_standby(self) -> None:
+        with self._standby_lock:
+            sb, self._standby = self._standby, None
+        if sb is not None:
+            sb.discard()
+
+    # -- running one command ----------------------------------------------------------------------------------
+
+    async def _run(self, line: bytes, timeout: float, stdin: bytes | None) -> ExecResult:
         loop = asyncio.get_running_loop()
-        proto = _ExecProtocol(loop, self.spec.max_output_bytes)
         oom_before = self._cg.oom_kills()
         t0 = time.monotonic()
-        try:
-            transport, _ = await loop.subprocess_exec(
-                lambda: proto, *self._argv, *argv,
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env={}, cwd="/", start_new_session=True, umask=0o022, preexec_fn=self._preexec,
-            )
-        except (OSError, subprocess.SubprocessError) as e:
-            self._check_alive()
-            raise SandboxError(f"sandbox {self.id}: cannot start bwrap: {e}") from e
+        sb = self._take_standby()
+        if sb is None:  # first command after a failure, or back to back: launch one now
+            try:
+                sb = self._launch()
+            except (OSError, subprocess.SubprocessError) as e:
+                self._check_alive()
+                raise SandboxError(f"sandbox {self.id}: cannot start bwrap: {e}") from e
+        run = _Exec(loop, sb, self.spec.max_output_bytes)
         timed_out = False
         try:
-            if stdin is not None:
-                pipe = transport.get_pipe_transport(0)
-                if stdin:
-                    pipe.write(stdin)
-                pipe.close()  # flushes what is buffered, then closes: the command sees EOF
+            run.start()
+            run.send(sb.take("ctl"), line)
+            stdin_fd = sb.take("stdin")
+            if stdin:
+                run.send(stdin_fd, stdin)
+            else:
+                os.close(stdin_fd)  # b"" (EOF at once) or None (the command gets /dev/null)
             try:
-                await asyncio.wait_for(asyncio.shield(proto.exited), timeout)
+                await asyncio.wait_for(asyncio.shield(run.exited), timeout)
             except asyncio.TimeoutError:
                 timed_out = True
-                await self._kill_all()  # bwrap itself is in the cgroup too
+                await self._kill_all(sb)  # bwrap itself is in the cgroup too
                 try:
-                    await asyncio.wait_for(asyncio.shield(proto.exited), 10)
+                    await asyncio.wait_for(asyncio.shield(run.exited), 10)
                 except asyncio.TimeoutError:
                     log.warning("bwrap sandbox %s: command still not reaped 10 s after SIGKILL", self.id)
-            # nothing may outlive the command (background jobs); then let the readers drain what is buffered
-            await self._kill_all()
+            # nothing may outlive the command (background jobs): kill what is left in the cgroup (usually just
+            # bwrap's pid 1 on its way out) without waiting, let the readers drain, then make sure it is empty
+            self._signal_all()
             try:
-                await asyncio.wait_for(asyncio.shield(proto.drained), DRAIN_GRACE_S)
+                await asyncio.wait_for(asyncio.shield(run.drained), DRAIN_GRACE_S)
             except asyncio.TimeoutError:
-                await self._kill_all()
+                pass
+            await self._kill_all()
         except BaseException:
+            sb.kill()
             self._cg.kill_all()
+            try:
+                sb.proc.wait(1)  # SIGKILLed and its cgroup emptied: reaped at once
+            except subprocess.TimeoutExpired:
+                pass
             raise
         finally:
-            transport.close()
-        rc = transport.get_returncode()
+            run.close()
+            sb.close()
+        rc = sb.proc.returncode
         rc = -1 if rc is None else (128 - rc if rc < 0 else rc)
-        if rc == 125 and proto.caps[2].kept.startswith(JOIN_FAILED.encode()):
+        out, err = run.caps["out"], run.caps["err"]
+        if rc == 125 and err.kept.startswith(JOIN_FAILED.encode()):
             self._check_alive()  # the launcher could not join the cgroup: only when it is gone (else the command's)
         oom_after = self._cg.oom_kills()
         oom_killed = oom_after > oom_before and (self._cg.has_oom_kill_counter() or rc == 128 + 9)
-        out, err = proto.caps[1], proto.caps[2]
         return ExecResult(
             rc=rc, stdout=out.text(), stderr=err.text(), timed_out=timed_out, oom_killed=oom_killed,
             duration=time.monotonic() - t0, truncated=bool(out.dropped or err.dropped),
         )
 
-    async def _kill_all(self) -> None:
+    def _signal_all(self) -> None:
+        """SIGKILL whatever is in the cgroup right now, without waiting (the loop thread may call it)."""
+        for pid in self._cg.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    async def _kill_all(self, sb: _Standby | None = None) -> None:
+        if sb is not None:
+            sb.kill()  # the launcher, should it not have joined the cgroup yet
         if self._cg.pids():  # usually empty: the pid namespace dies with the command
             await asyncio.to_thread(self._cg.kill_all)
 
@@ -531,6 +794,7 @@ class BwrapSandbox(Sandbox):
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
     def _reset_sync(self) -> None:
+        self._discard_standby()
         self._cg.kill_all()
         for d in (self._work, self._tmp):
             _empty_dir(d, self.spec.uid, self.spec.gid)
@@ -540,11 +804,16 @@ class BwrapSandbox(Sandbox):
         await asyncio.to_thread(self._cg.kill_all)  # ends a running command so the lock frees up
         async with self._exec_lock():
             await asyncio.to_thread(self._reset_sync)
+            self._prepare()
 
     async def _close(self) -> None:
         with _OPEN_LOCK:
             _OPEN.pop(self.id, None)
-        await asyncio.to_thread(_destroy_resources, self._root, self.id)
+        await asyncio.to_thread(self._close_sync)
+
+    def _close_sync(self) -> None:
+        self._discard_standby()  # _closed is set: no new one is launched after this
+        _destroy_resources(self._root, self.id)
 
 
 # ---------------------------------------------------------------------------------------------- the backend
@@ -560,6 +829,7 @@ class BwrapBackend(Backend):
         self._checked = False
         self._tmpfs_warned = False
         self._setpriv: str | None = None  # found by check(): spawn bwrap through setpriv (vfork) when it works
+        self._bash: str | None = None  # the launcher shell with setpriv (moves the stdin pipe to fd 3)
 
     # -- check ------------------------------------------------------------------------------------------------------
 
@@ -594,11 +864,12 @@ class BwrapBackend(Backend):
                                    capture_output=True, timeout=20, cwd="/", env={})
                 if r.returncode == 0:
                     self._setpriv = setpriv
+                    self._bash = shutil.which("bash", path="/usr/bin:/bin")
                     return None
             except (OSError, subprocess.SubprocessError):
                 pass
         self._setpriv = None
-        launcher, preexec = _launcher(None, [], uid, uid)
+        preexec = _drop_privileges([], uid, uid)
         try:
             r = subprocess.run(argv, capture_output=True, timeout=20, cwd="/", env={}, preexec_fn=preexec)
         except (OSError, subprocess.SubprocessError) as e:
@@ -618,7 +889,9 @@ class BwrapBackend(Backend):
         problem = self.check()
         if problem:
             raise SandboxUnavailable(f"bwrap sandbox backend unavailable: {problem}")
-        return await asyncio.to_thread(self._create_sync, spec)
+        box = await asyncio.to_thread(self._create_sync, spec)
+        box._prepare()  # here, on the loop's thread: the first command finds its sandbox built
+        return box
 
     def _create_sync(self, spec: SandboxSpec) -> BwrapSandbox:
         workdir = posixpath.normpath(spec.workdir)
@@ -668,7 +941,7 @@ class BwrapBackend(Backend):
         for key, value in env.items():  # set by bwrap inside: nothing of spec.env reaches a process run as root
             argv += ["--setenv", key, value]
         argv.append("--")
-        box = BwrapSandbox(spec, sid, self.root, cg, argv, self._setpriv)
+        box = BwrapSandbox(spec, sid, self.root, cg, argv, self._setpriv, self._bash)
         with _OPEN_LOCK:
             _OPEN[sid] = box
         return box
@@ -768,6 +1041,7 @@ class BwrapBackend(Backend):
                 box = _OPEN.pop(sid, None)
             if box is not None:
                 box._closed = True
+                box._discard_standby()
             _destroy_resources(self.root, sid)
             count += 1
         return count

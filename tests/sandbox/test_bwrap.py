@@ -67,6 +67,47 @@ def _uid_of(pid: int) -> int | None:
     return None
 
 
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _standby_pids(box: BwrapSandbox) -> set[int]:
+    """The prepared launcher's processes: its bwrap and that bwrap's descendants (pid 1 + the waiting helper)."""
+    sb = box._standby
+    if sb is None or not sb.alive():
+        return set()
+    found, todo = set(), [sb.proc.pid]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return found
+
+
+def _leftovers_of_commands(box: BwrapSandbox) -> list[int]:
+    """Processes in the sandbox's cgroup that are not the standby prepared for the next command."""
+    return sorted(set(box.cgroup.pids()) - _standby_pids(box))
+
+
+async def _standby_ready(box: BwrapSandbox, timeout: float = 10.0) -> set[int]:
+    """Wait until the prepared standby has joined the cgroup and its helper shell is waiting (3 processes)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = _standby_pids(box)
+        if len(pids) >= 3 and pids <= set(box.cgroup.pids()):
+            return pids
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no standby ready: {_standby_pids(box)} vs cgroup {box.cgroup.pids()}")
+
+
 # ---------------------------------------------------------------------------------------------- limits and users
 
 
@@ -95,7 +136,7 @@ def test_cgroup_limits_are_set_and_commands_run_inside_as_the_uid(bwrap, spec):
         assert seen and uids == {spec.uid}, (seen, uids)  # nothing of the sandbox runs as host root
         r = await task
         assert r.ok and r.stdout == "done\n"
-        assert box.cgroup.pids() == []
+        assert _leftovers_of_commands(box) == []
         r = await box.exec("id -un; id -G; cat /proc/self/status | grep -E '^(CapEff|NoNewPrivs)'; hostname; echo $HOME $FOO")
         assert r.stdout.split() == ["sandbox", str(spec.gid), "CapEff:", "0000000000000000", "NoNewPrivs:", "1",
                                     "sandbox", spec.workdir, "bar"], r
@@ -305,6 +346,136 @@ def test_network_flag_shares_the_host_network(bwrap, spec):
         in_box(bwrap, spec.model_copy(update={"network": True}), body)
     finally:
         server.close()
+
+
+# ---------------------------------------------------------------------------------------------- the standby
+
+
+def test_standby_is_prepared_unprivileged_and_used_once(bwrap, spec):
+    async def body(box: BwrapSandbox):
+        pids = await _standby_ready(box)  # launched by create()
+        assert {_uid_of(p) for p in pids} == {spec.uid}  # joined, dropped, namespaces built: nothing runs as root
+        helper = [p for p in pids if _cmdline(p)[:2] == ["/bin/sh", "-s"]]
+        assert len(helper) == 1, [(p, _cmdline(p)) for p in pids]
+        first = box._standby
+        r = await box.exec("echo $$; cat /proc/1/cmdline | tr '\\0' ' '")
+        assert r.ok and r.stdout.split()[0] == "2", r  # the command is the helper (pid 2), exec'd in place
+        assert box._standby is not first and not first.alive()  # used once, a new one prepared
+        await _standby_ready(box)
+        assert _leftovers_of_commands(box) == []
+
+    in_box(bwrap, spec, body)
+
+
+def test_argv_stdin_and_errors_reach_the_command_unchanged(bwrap, spec):
+    tricky = ["a b", "", "it's", "new\nline", "$HOME", "`id`", '"q"', "\\", "*", "; rm -rf /", "-n", "\t"]
+
+    async def body(box: BwrapSandbox):
+        r = await box.exec(["python3", "-c", "import sys, json; print(json.dumps(sys.argv[1:]))", *tricky])
+        assert r.ok and json.loads(r.stdout) == tricky, r
+        r = await box.exec(["sh", "-c", 'readlink /proc/self/fd/0; ls /proc/self/fd | wc -l; echo "${#1}"', "sh",
+                            "x" * 100_000])
+        assert r.stdout.split() == ["/dev/null", "4", "100000"], r  # no stdin: /dev/null; fds 0-2 (+ ls's own)
+        r = await box.exec(["wc", "-c"], stdin=b"y" * 3_000_000)
+        assert r.ok and r.stdout.strip() == "3000000", r
+        r = await box.exec(["cat"], stdin=b"")
+        assert r.ok and r.stdout == ""
+        r = await box.exec(["true"], stdin=b"z" * 1_000_000)  # never read: the write just ends
+        assert r.ok
+        r = await box.exec(["no-such-program", "x"])
+        assert r.rc == 127 and "no-such-program" in r.stderr, r
+        r = await box.exec(["/etc/passwd"])
+        assert r.rc == 126, r
+        with pytest.raises(ValueError):
+            await box.exec(["echo", "nul\0byte"])
+        assert (await box.exec("env | sort")).stdout.split() == sorted(
+            ["HOME=/workspace", "LANG=C.UTF-8", "LOGNAME=sandbox", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:"
+             "/usr/bin:/sbin:/bin", "PWD=/workspace", "TMPDIR=/tmp", "USER=sandbox"])
+
+    in_box(bwrap, spec, body)
+
+
+def test_standby_without_a_command_runs_nothing_and_is_replaced(bwrap, spec):
+    async def body(box: BwrapSandbox):
+        await _standby_ready(box)
+        sb = box._standby
+        os.close(sb.take("ctl"))  # what its parent's death does: the helper reads EOF
+        sb.proc.wait(10)
+        assert sb.proc.returncode == 0
+        assert not os.listdir(box.host_workdir)
+        r = await box.exec("touch ran; echo ok")  # the dead standby is replaced on the spot
+        assert r.stdout == "ok\n" and os.listdir(box.host_workdir) == ["ran"]
+        box._discard_standby()  # back to back with nothing prepared: the cold path
+        assert (await box.exec("echo cold")).stdout == "cold\n"
+        await box.reset()  # kills the standby, prepares another
+        assert box._standby is not None
+        assert (await box.exec("ls -A")).stdout == ""
+
+    in_box(bwrap, spec, body)
+
+
+def test_sandbox_used_from_several_event_loops_and_closed_leaves_no_process(bwrap, spec):
+    box = run(bwrap.create(spec))
+    try:
+        for i in range(3):  # asyncio.run per call: a new loop each time
+            assert run(box.exec(f"echo {i}")).stdout == f"{i}\n"
+        # a loop on a thread that then ends: the standby it prepared dies with that thread (--die-with-parent)
+        out = []
+        t = threading.Thread(target=lambda: out.append(run(box.exec("echo from-thread")).stdout))
+        t.start()
+        t.join()
+        assert out == ["from-thread\n"]
+        assert run(box.exec("echo back")).stdout == "back\n"  # so it is replaced, not used
+        run(_standby_ready(box))
+        launcher = box._standby.proc
+    finally:
+        run(box.close())
+    assert launcher.returncode is not None and box._standby is None
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        assert not any(box.id in a for a in _cmdline(int(pid))), (pid, _cmdline(int(pid)))
+
+
+def _sleep_a_while() -> None:
+    time.sleep(8)
+
+
+def test_a_forked_child_does_not_keep_the_standby_pipes(bwrap, spec):
+    """A bare fork (multiprocessing's default, DataLoader workers) copies every fd; without the at-fork hook the
+    child's copy of the standby's stdin pipe would keep the command from ever seeing EOF."""
+    import multiprocessing
+
+    async def body(box: BwrapSandbox):
+        await _standby_ready(box)
+        child = multiprocessing.get_context("fork").Process(target=_sleep_a_while)
+        child.start()
+        try:
+            r = await box.exec(["cat"], stdin="to EOF\n", timeout=5)
+            assert r.ok and r.stdout == "to EOF\n" and not r.timed_out, r
+        finally:
+            child.kill()
+            child.join()
+
+    in_box(bwrap, spec, body)
+
+
+def test_preexec_launcher_without_setpriv_or_bash(spec):
+    from relax_gym.sandbox.bwrap import BwrapBackend
+
+    backend = BwrapBackend()
+    problem = backend.check()
+    if problem:
+        pytest.skip(f"bwrap sandbox backend unavailable: {problem}")
+    backend._setpriv = backend._bash = None  # as on a host without util-linux setpriv / bash
+
+    async def body(box: BwrapSandbox):
+        assert box._launcher is None
+        r = await box.exec(["cat"], stdin="via fd 3\n")
+        assert r.stdout == "via fd 3\n" and (await box.exec("id -u")).stdout == f"{spec.uid}\n"
+        pids = await _standby_ready(box)
+        assert {_uid_of(p) for p in pids} == {spec.uid}
+
+    in_box(backend, spec, body)
+    assert backend.live() == []
 
 
 def test_bad_workdir_is_refused(bwrap, spec):
