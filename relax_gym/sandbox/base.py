@@ -57,6 +57,33 @@ def owner_tag() -> str:
     return f"{os.uname().nodename}:{os.getpid()}"
 
 
+def process_start_time(pid: int) -> int | None:
+    """Kernel start time of ``pid`` (clock ticks since boot, field 22 of /proc/<pid>/stat), or None. Stored with
+    an owner tag, it tells a live owner from another process that reused its pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def owner_alive(host: str | None, pid: int | None, start: int | str | None) -> bool | None:
+    """Is the process that created a sandbox still running? None when it cannot be told: another host's
+    owner, or no pid recorded. A pid that now belongs to a process started at another time counts as dead."""
+    if (host is not None and host != os.uname().nodename) or pid is None:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, owned by someone else
+    if start in (None, ""):
+        return True
+    return process_start_time(pid) in (None, int(start))
+
+
 def new_sandbox_id(backend: str) -> str:
     return f"rg-{backend}-{os.getpid()}-{next(_ids)}-{int(time.time() * 1000) % 100000}"
 

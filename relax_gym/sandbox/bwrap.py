@@ -62,7 +62,9 @@ from relax_gym.sandbox.base import (
     SandboxError,
     SandboxUnavailable,
     new_sandbox_id,
+    owner_alive,
     owner_tag,
+    process_start_time,
 )
 from relax_gym.sandbox.cgroups import SandboxCgroup
 from relax_gym.sandbox.spec import SandboxSpec
@@ -126,26 +128,6 @@ def _umount(path: str) -> None:
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):
             raise OSError(err, os.strerror(err), path)
-
-
-def _proc_start_time(pid: int) -> int | None:
-    """Kernel start time of ``pid`` (clock ticks since boot), to tell a live owner from a reused pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rindex(b")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _owner_pid_from_id(sid: str) -> int | None:
@@ -906,7 +888,7 @@ class BwrapBackend(Backend):
             os.mkdir(base, 0o711)
             with open(os.path.join(base, "owner.json"), "w") as f:
                 json.dump({"label": LABEL, OWNER_LABEL: owner_tag(), "pid": os.getpid(),
-                           "start": _proc_start_time(os.getpid())}, f)
+                           "start": process_start_time(os.getpid())}, f)
             etc = self._make_etc(base, spec)
             for name in ("work", "tmp"):
                 d = os.path.join(base, name)
@@ -1016,18 +998,11 @@ class BwrapBackend(Backend):
         host, pid, start = self._owner(sid)
         if pid != os.getpid() or (host is not None and host != os.uname().nodename):
             return False
-        return start is None or start == _proc_start_time(pid)
+        return start is None or start == process_start_time(pid)
 
     def _owner_alive(self, sid: str) -> bool | None:
         """True/False, or None when it cannot be told (another host's owner tag)."""
-        host, pid, start = self._owner(sid)
-        if host is not None and host != os.uname().nodename:
-            return None
-        if pid is None:
-            return None
-        if not _pid_alive(pid):
-            return False
-        return start is None or _proc_start_time(pid) == start
+        return owner_alive(*self._owner(sid))
 
     def live(self) -> list[str]:
         return sorted(sid for sid in self._names() if self._owned_by_me(sid))

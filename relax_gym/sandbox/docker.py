@@ -45,7 +45,9 @@ from relax_gym.sandbox.base import (
     SandboxError,
     SandboxUnavailable,
     new_sandbox_id,
+    owner_alive,
     owner_tag,
+    process_start_time,
 )
 from relax_gym.sandbox.spec import DEFAULT_IMAGE, SandboxSpec
 
@@ -120,31 +122,12 @@ def _failures() -> tuple[type[BaseException], ...]:
     return docker.errors.DockerException, requests.exceptions.RequestException
 
 
-def _proc_start_time(pid: int) -> str | None:
-    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat), or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-        return stat.rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 def _owner_alive(owner: str, start: str | None, host: str) -> bool | None:
     """True/False for an owner on this host; None when it lives on another host (or the label is unreadable)."""
     name, _, pid_text = owner.rpartition(":")
     if name != host or not pid_text.isdigit():
         return None
-    pid = int(pid_text)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    if start and _proc_start_time(pid) not in (None, start):
-        return False  # the pid was reused by another process
-    return True
+    return owner_alive(name, int(pid_text), start if start and start.isdigit() else None)
 
 
 def _find_oom_counter(container_pid: int, container_id: str) -> str | None:
@@ -573,10 +556,10 @@ class DockerBackend(Backend):
             runtime=spec.runtime,
             init=False,  # PID 1 is our reaper (REAPER); docker's init would make it killable from inside
         )
-        owner_start = _proc_start_time(os.getpid())
+        owner_start = process_start_time(os.getpid())
         labels = {LABEL: sandbox_id, OWNER_LABEL: owner_tag()}
-        if owner_start:
-            labels[OWNER_START_LABEL] = owner_start
+        if owner_start is not None:
+            labels[OWNER_START_LABEL] = str(owner_start)
         env = {"HOME": spec.workdir, **spec.env}
         create = functools.partial(
             api.create_container, spec.image, INIT_COMMAND, user=f"{spec.uid}:{spec.gid}",
