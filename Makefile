@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test test-fast play check bench clean
+.PHONY: setup test play train check bench clean
 
 setup: $(STAMP)
 
@@ -32,3 +32,6 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+train: $(STAMP)
+	$(BIN)/relax-gym train recipes/cpu-nextqa.yaml

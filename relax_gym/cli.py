@@ -212,6 +212,64 @@ def sandbox_build_image(
     console.print(f"built {tag or DEFAULT_IMAGE} ({image_id})")
 
 
+@app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def train(
+    recipe: Annotated[Path | None, typer.Argument(help="YAML recipe (default: recipes/cpu-nextqa.yaml settings)")] = None,
+    overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. trainer.steps=50", show_default=False)] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="where metrics, config and checkpoints go (default runs/<time>)")] = None,
+) -> None:
+    """Train a policy with RL on an environment (colocate mode: one process, embedded engine over HTTP)."""
+    import time
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from relax_gym.trainer.colocate import ColocateTrainer
+    from relax_gym.trainer.config import ConfigError, load_recipe
+
+    try:
+        cfg = load_recipe(recipe, list(overrides or []))
+    except ConfigError as exc:
+        raise _fail(str(exc), 2) from None
+    run_dir = run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
+    with Progress(*columns, console=console) as progress:
+        sft = progress.add_task("sft warm-up", total=cfg.trainer.sft_warmup_steps, info="")
+        rl = progress.add_task("rl", total=cfg.trainer.steps, info="", start=False)
+
+        def on_event(event: str, data: dict) -> None:
+            if event == "sft":
+                progress.update(sft, completed=data["step"], info=f"nll {data['sft_nll']:.3f}")
+            elif event == "eval":
+                console.print(f"eval at step {data['step']}: reward {data['eval_reward']:.3f} accuracy {data['eval_accuracy']:.3f}")
+            elif event == "step":
+                progress.start_task(rl)
+                progress.update(rl, completed=data["step"], info=(
+                    f"reward {data['reward_mean']:.3f} eval {data['eval_reward']:.3f} "
+                    f"{data['time_step_s']:.1f} s/step {data['rollout_tokens_per_s']:.0f} tok/s"))
+
+        trainer = ColocateTrainer(cfg, run_dir, progress=on_event)
+        try:
+            summary = trainer.run()
+        finally:
+            trainer.close()
+    console.print(f"run dir: {run_dir}")
+    console.print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()))
+
+
+@app.command("plot")
+def plot(run_dir: Path) -> None:
+    """Draw reward and timing curves of a run (PNG files in the run directory)."""
+    from relax_gym.trainer.plot import plot_run
+
+    try:
+        written = plot_run(run_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    for path in written:
+        console.print(f"wrote {path}")
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     app()

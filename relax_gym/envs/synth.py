@@ -54,7 +54,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Bump whenever the generated content changes; the cache folder name carries it.
-SAMPLE_VERSION = 1
+SAMPLE_VERSION = 2  # 2: options in a fixed order (see write_nextqa_sample)
 
 NEXTQA_HEADER: tuple[str, ...] = (
     "video",
@@ -345,8 +345,12 @@ def _write_csv(path: Path, rows: list[dict[str, object]]) -> None:
     path.write_text(buf.getvalue(), encoding="utf-8")
 
 
-def write_nextqa_sample(dest: Path, n_val: int = 48, n_train: int = 96, seed: int = 0) -> None:
+def write_nextqa_sample(dest: Path, n_val: int = 48, n_train: int = 96, seed: int = 0, shuffle_options: bool = False) -> None:
     """Write a NExT-QA-layout sample (``val.csv``, ``train.csv``, ``map_vid_vidorID.json``, ``videos/``).
+
+    Options come in a fixed order per question type unless ``shuffle_options``: the bundled sample exists so that
+    a tiny random-init policy can learn the media -> answer map by RL in minutes on a CPU; reading shuffled
+    options as well (a pointer task) is out of reach for it at that budget. Real NExT-QA data is read as it is.
 
     Rows alternate between ``TN`` (direction of the red square) and ``DC`` (number of blue squares);
     every row has its own 64x64, 8 fps, 16-frame H.264 clip.
@@ -378,7 +382,8 @@ def write_nextqa_sample(dest: Path, n_val: int = 48, n_train: int = 96, seed: in
                 options = list(_NUMBER_WORDS)
                 correct = _NUMBER_WORDS[count - 1]
                 _write_count_video(video_path, count, clip_seed)
-            options = [options[k] for k in rng.permutation(len(options))]
+            if shuffle_options:
+                options = [options[k] for k in rng.permutation(len(options))]
             row: dict[str, object] = {
                 "video": video_id,
                 "frame_count": 16,
@@ -487,7 +492,7 @@ def _letter_options(options: list[str]) -> list[str]:
     return [f"{'ABCD'[k]}. {opt}" for k, opt in enumerate(options)]
 
 
-def _write_avqa_split(dest: Path, split: str, n: int, rng: np.random.Generator) -> None:
+def _write_avqa_split(dest: Path, split: str, n: int, rng: np.random.Generator, shuffle_options: bool = False) -> None:
     split_dir = dest / split
     (split_dir / "images").mkdir(parents=True, exist_ok=True)
     (split_dir / "audios").mkdir(parents=True, exist_ok=True)
@@ -506,7 +511,8 @@ def _write_avqa_split(dest: Path, split: str, n: int, rng: np.random.Generator) 
             correct = PITCH_OPTIONS[int(rng.integers(len(PITCH_OPTIONS)))]
             question, options = PITCH_QUESTION, list(PITCH_OPTIONS)
             audio, image = _pitch_audio(rng, correct), _random_shapes_image(rng)
-        options = [options[k] for k in rng.permutation(len(options))]
+        if shuffle_options:
+            options = [options[k] for k in rng.permutation(len(options))]
         letter = "ABCD"[options.index(correct)]
         image_rel, audio_rel = f"images/sample_{i}.jpg", f"audios/sample_{i}.wav"
         image.save(split_dir / image_rel, format="JPEG", quality=90)
@@ -528,7 +534,7 @@ def _write_avqa_split(dest: Path, split: str, n: int, rng: np.random.Generator) 
     out.write_text(json.dumps(items, indent=1) + "\n", encoding="utf-8")
 
 
-def write_avqa_sample(dest: Path, n_valid: int = 48, n_train: int = 96, seed: int = 1) -> None:
+def write_avqa_sample(dest: Path, n_valid: int = 48, n_train: int = 96, seed: int = 1, shuffle_options: bool = False) -> None:
     """Write an AVQA-R1-6K-layout sample (``train/`` and ``valid/`` with json, ``images/``, ``audios/``).
 
     Items rotate between counting beeps (audio), counting red circles (image) and comparing the
@@ -537,5 +543,5 @@ def write_avqa_sample(dest: Path, n_valid: int = 48, n_train: int = 96, seed: in
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    _write_avqa_split(dest, "valid", n_valid, rng)
-    _write_avqa_split(dest, "train", n_train, rng)
+    _write_avqa_split(dest, "valid", n_valid, rng, shuffle_options)
+    _write_avqa_split(dest, "train", n_train, rng, shuffle_options)

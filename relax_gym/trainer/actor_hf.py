@@ -9,7 +9,6 @@ accumulation gives the same step as one big batch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -131,5 +130,5 @@ def _mismatch(train_lps: torch.Tensor, rollout_lps: torch.Tensor, mask: torch.Te
     n = float(mask.sum())
     if n == 0:
         return 0.0
-    diff = ((train_lps - rollout_lps).abs() * mask).sum() / n
-    return float(diff) if math.isfinite(float(diff)) else float("inf")
+    gap = torch.where(mask.bool(), (train_lps - rollout_lps).abs(), torch.zeros_like(train_lps))  # -inf at padding
+    return float(gap.sum() / n)

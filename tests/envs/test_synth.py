@@ -197,7 +197,7 @@ def test_nextqa_layout(nextqa: Path) -> None:
             assert vid == row["video"]
             assert (nextqa / "videos" / folder / f"{vid}.mp4").is_file()
     assert set(vid_map) == seen_videos
-    # answers are not all in the same slot (options are shuffled)
+    # answers are spread over the slots: the media decide them, not a constant letter
     rows = _read_csv(nextqa / "train.csv")
     assert len({r["answer"] for r in rows}) >= 4
     assert _dir_size(nextqa) < 2 * MB
@@ -459,3 +459,12 @@ def test_ensure_sample_failure_leaves_nothing(tmp_path: Path, monkeypatch: pytes
         synth.ensure_sample("nextqa", root=tmp_path)
     assert not any(tmp_path.iterdir())
     assert not os.path.exists(tmp_path / f"nextqa-v{synth.SAMPLE_VERSION}")
+
+
+def test_shuffled_options_variant(tmp_path: Path) -> None:
+    """The default sample keeps one option order per question type; shuffle_options=True varies it per row."""
+    synth.write_nextqa_sample(tmp_path / "fixed", n_val=6, n_train=2)
+    synth.write_nextqa_sample(tmp_path / "shuffled", n_val=12, n_train=2, shuffle_options=True)
+    fixed = {tuple(r[f"a{k}"] for k in range(5)) for r in _read_csv(tmp_path / "fixed" / "val.csv") if r["type"] == "TN"}
+    shuffled = {tuple(r[f"a{k}"] for k in range(5)) for r in _read_csv(tmp_path / "shuffled" / "val.csv") if r["type"] == "TN"}
+    assert len(fixed) == 1 and len(shuffled) > 1

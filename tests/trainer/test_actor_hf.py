@@ -39,19 +39,28 @@ def test_sft_steps_reduce_nll():
     assert last < first * 0.7
 
 
-def test_rl_step_raises_logprob_of_positive_advantage_sequence():
+def test_rl_step_moves_the_decision_token_the_way_advantages_say():
+    """Two answers to one prompt that differ only in the letter: +1 / -1 advantages must make the first letter
+    more likely and the second less likely (through the micro-batch accumulation path)."""
     torch.manual_seed(0)
     model, processor = build_policy()
-    actor = HFActor(model, processor, lr=5e-3, micro_batch_size=1)  # micro-batches of 1: accumulation path
+    actor = HFActor(model, processor, lr=1e-3, micro_batch_size=1)
     env = relax_gym.make("nextqa-video")
     rng = np.random.default_rng(0)
-    good, bad = demonstration(env, processor, 0, rng), demonstration(env, processor, 0, rng)
-    items = []
-    for r in (good, bad):
-        items.append(Trajectory(group_id=0, seed=0, input_ids=r.input_ids, loss_mask=r.loss_mask,
-                                rollout_logprobs=[0.0] * len(r.input_ids), mm=r.mm))
-    before = [lp[m.bool()].sum() for lp, m in zip(actor.logprobs(items), [torch.tensor(i.loss_mask[1:]) for i in items])]
+    good = demonstration(env, processor, 0, rng)
+    bad = demonstration(env, processor, 0, rng)
+    while bad.input_ids == good.input_ids:  # same prompt, a different (random) answer letter
+        bad = demonstration(env, processor, 0, rng)
+    pos = next(i for i, (a, b) in enumerate(zip(good.input_ids, bad.input_ids)) if a != b)
+    items = [Trajectory(group_id=0, seed=0, input_ids=r.input_ids, loss_mask=r.loss_mask,
+                        rollout_logprobs=[0.0] * len(r.input_ids), mm=r.mm) for r in (good, bad)]
+
+    def letter_logprobs():
+        lps = actor.logprobs(items)
+        return float(lps[0][pos - 1]), float(lps[1][pos - 1])  # log-prob of the token at `pos`
+
+    before = letter_logprobs()
     m = actor.rl_step(items, torch.tensor([1.0, -1.0]), preset("grpo"))
-    after = [lp[m_.bool()].sum() for lp, m_ in zip(actor.logprobs(items), [torch.tensor(i.loss_mask[1:]) for i in items])]
+    after = letter_logprobs()
     assert after[0] > before[0] and after[1] < before[1]
-    assert m["grad_norm"] > 0 and "mismatch_kl" in m
+    assert m["grad_norm"] > 0 and m["mismatch_kl"] > 0  # rollout log-probs were zeros: a visible mismatch

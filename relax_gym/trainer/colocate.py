@@ -1,0 +1,234 @@
+"""The colocate training loop (synchronous baseline, ``trainer.mode: colocate``, S = 0), single process:
+
+    [SFT warm-up on format demonstrations] → repeat: generate (engine over HTTP) → reward → advantages →
+    train (micro-batches, grad accumulation, AdamW, grad clip) → push weights into the engine → [eval, checkpoint]
+
+The embedded engine runs in this process behind its HTTP server on loopback; the rollout client speaks only
+SGLang's protocol to it. Failed episodes are masked and counted in the metrics, never a crash of the step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import random
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import relax_gym
+from relax_gym.trainer.actor_hf import HFActor
+from relax_gym.trainer.algorithms import group_advantages, identical_reward_groups, zero_advantage_share
+from relax_gym.trainer.config import RelaxConfig
+from relax_gym.trainer.demonstrations import demonstration
+from relax_gym.trainer.engines.client import AsyncEngineClient, EngineClient
+from relax_gym.trainer.engines.embedded import EmbeddedEngine
+from relax_gym.trainer.engines.http_server import serve
+from relax_gym.trainer.metrics import MetricsWriter
+from relax_gym.trainer.policy import build_policy, save_policy
+from relax_gym.trainer.rollout import Trajectory, run_episode
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class ColocateTrainer:
+    def __init__(self, cfg: RelaxConfig, run_dir: Path, *, progress=None) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+        self.progress = progress or (lambda event, data: None)
+        seed_everything(cfg.trainer.seed)
+        self.model, self.processor = build_policy(cfg.model)
+        self.model.train()
+        self.actor = HFActor(self.model, self.processor, lr=cfg.actor.lr, betas=cfg.actor.betas,
+                             weight_decay=cfg.actor.weight_decay, grad_clip=cfg.actor.grad_clip,
+                             micro_batch_size=cfg.actor.micro_batch_size)
+        engine_model = copy.deepcopy(self.model).eval()
+        self.engine = EmbeddedEngine(engine_model, self.processor, max_batch=cfg.inference.max_batch)
+        self.server = serve(self.engine, host=cfg.inference.host, port=0)
+        self.sync_client = EngineClient(self.server.url)  # weight pushes, from the training thread
+        self.client: AsyncEngineClient | None = None  # rollouts, made inside the running event loop
+        self.ref_model = None
+        self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard)
+        self.version = 0
+        self.rng = np.random.default_rng(cfg.trainer.seed)
+
+    # -- environment pools ----------------------------------------------------------------------------------
+
+    def _envs(self, n: int, kwargs: dict[str, Any]) -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue()
+        for _ in range(n):
+            queue.put_nowait(relax_gym.make(self.cfg.env.id, **kwargs))
+        return queue
+
+    async def _episodes(self, envs: asyncio.Queue, seeds: list[tuple[int, int]], sampling: dict[str, Any]) -> list[Trajectory]:
+        async def one(seed: int, group: int) -> Trajectory:
+            env = await envs.get()
+            try:
+                return await run_episode(env, self.client, self.processor, seed=seed, group_id=group,
+                                         sampling_params=sampling, max_turns=self.cfg.trainer.max_turns)
+            finally:
+                envs.put_nowait(env)
+
+        return await asyncio.gather(*(one(s, g) for s, g in seeds))
+
+    def _sampling(self, *, greedy: bool = False) -> dict[str, Any]:
+        inf = self.cfg.inference
+        return {"max_new_tokens": inf.max_new_tokens, "temperature": 0.0 if greedy else inf.temperature, "top_p": 1.0 if greedy else inf.top_p}
+
+    # -- phases -------------------------------------------------------------------------------------------
+
+    def sft_warmup(self, env) -> None:
+        t = self.cfg.trainer
+        if t.sft_warmup_steps == 0:
+            return
+        lr = self.cfg.actor.lr
+        self.actor.set_lr(t.sft_lr)
+        seed = 1_000_000
+        for step in range(t.sft_warmup_steps):
+            batch = []
+            for _ in range(t.sft_batch_size):
+                batch.append(demonstration(env, self.processor, seed, self.rng, random_answers=t.sft_random_answers))
+                seed += 1
+            m = self.actor.sft_step(batch)
+            self.progress("sft", {"step": step + 1, "of": t.sft_warmup_steps, **m})
+            self.metrics.write(-t.sft_warmup_steps + step, m)
+        self.actor.set_lr(lr)
+        self._sync_weights()
+
+    def _sync_weights(self) -> float:
+        t0 = time.perf_counter()
+        self.version += 1
+        self.sync_client.update_weights_from_tensor(self.actor.state_dict(), weight_version=str(self.version))
+        return time.perf_counter() - t0
+
+    async def evaluate(self, envs: asyncio.Queue) -> dict[str, float]:
+        n = self.cfg.trainer.eval_episodes
+        trajs = await self._episodes(envs, [(500_000 + i, i) for i in range(n)], self._sampling(greedy=True))
+        ok = [t for t in trajs if t.status not in ("env_error", "engine_error")]
+        return {
+            "eval_reward": float(np.mean([t.reward for t in ok])) if ok else 0.0,
+            "eval_accuracy": float(np.mean([t.reward_breakdown.get("accuracy", 0.0) for t in ok])) if ok else 0.0,
+            "eval_format": float(np.mean([t.reward_breakdown.get("format", 0.0) for t in ok])) if ok else 0.0,
+            "eval_failed": len(trajs) - len(ok),
+            "eval_tool_calls": float(np.mean([t.info.get("tool_calls", 0) for t in ok])) if ok else 0.0,
+        }
+
+    def rl_step(self, trajs: list[Trajectory]) -> dict[str, float]:
+        cfg = self.cfg
+        valid = [t for t in trajs if t.trainable]
+        metrics: dict[str, float] = {"episodes_masked": len(trajs) - len(valid)}
+        if not valid:
+            return metrics
+        rewards = torch.tensor([t.reward for t in valid], dtype=torch.float32)
+        groups = torch.tensor([t.group_id for t in valid], dtype=torch.long)
+        adv = group_advantages(rewards, groups, scale=cfg.algorithm.advantage_scale)
+        metrics["zero_adv_group_share"] = zero_advantage_share(rewards, groups)
+        keep = torch.ones(len(valid), dtype=torch.bool)
+        if cfg.algorithm.dynamic_sampling:
+            keep = ~identical_reward_groups(rewards, groups)
+        items = [t for t, k in zip(valid, keep.tolist()) if k]
+        metrics["episodes_trained"] = len(items)
+        if not items:
+            return metrics
+        ref = None
+        if cfg.algorithm.kl_coef > 0 and self.ref_model is not None:
+            ref_actor = HFActor(self.ref_model, self.processor, lr=1.0, micro_batch_size=cfg.actor.micro_batch_size)
+            ref = ref_actor.logprobs(items, cfg.algorithm.temperature)
+        metrics.update(self.actor.rl_step(items, adv[keep], cfg.algorithm, ref_logprobs=ref, epochs=cfg.actor.epochs_per_step))
+        return metrics
+
+    # -- the loop -----------------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, float]:
+        return asyncio.run(self._run())
+
+    async def _run(self) -> dict[str, float]:
+        self.client = AsyncEngineClient(self.server.url)
+        try:
+            return await self._loop()
+        finally:
+            await self.client.aclose()
+
+    async def _loop(self) -> dict[str, float]:
+        cfg, t = self.cfg, self.cfg.trainer
+        start = time.perf_counter()
+        demo_env = relax_gym.make(cfg.env.id, **cfg.env.kwargs)
+        await asyncio.to_thread(self.sft_warmup, demo_env)
+        demo_env.close()
+        if cfg.algorithm.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval()
+        train_envs = self._envs(min(t.concurrency, t.prompts_per_step * t.group_size), cfg.env.kwargs)
+        eval_envs = self._envs(min(t.concurrency, t.eval_episodes), {**cfg.env.kwargs, **cfg.env.eval_kwargs})
+        last_eval = await self.evaluate(eval_envs)
+        self.metrics.write(0, {**last_eval, "policy_version": self.version})
+        self.progress("eval", {"step": 0, **last_eval})
+        summary = {"eval_reward_start": last_eval["eval_reward"], "eval_accuracy_start": last_eval["eval_accuracy"]}
+        step = 0
+        for step in range(1, t.steps + 1):
+            t0 = time.perf_counter()
+            base_seed = t.seed * 10_000_019 + step * 1_000
+            seeds = [(base_seed + p, p) for p in range(t.prompts_per_step) for _ in range(t.group_size)]
+            trajs = await self._episodes(train_envs, seeds, self._sampling())
+            t1 = time.perf_counter()
+            m = await asyncio.to_thread(self.rl_step, trajs)
+            t2 = time.perf_counter()
+            sync_s = await asyncio.to_thread(self._sync_weights)
+            t3 = time.perf_counter()
+            ok = [x for x in trajs if x.status not in ("env_error", "engine_error")]
+            statuses = Counter(x.status for x in trajs)
+            completion = sum(x.completion_tokens for x in trajs)
+            row = {
+                **m,
+                "reward_mean": float(np.mean([x.reward for x in ok])) if ok else 0.0,
+                "accuracy_mean": float(np.mean([x.reward_breakdown.get("accuracy", 0.0) for x in ok])) if ok else 0.0,
+                "format_mean": float(np.mean([x.reward_breakdown.get("format", 0.0) for x in ok])) if ok else 0.0,
+                **{f"status_{k}": v for k, v in statuses.items()},
+                "policy_version": self.version,
+                "time_rollout_s": t1 - t0, "time_train_s": t2 - t1, "time_sync_s": t3 - t2, "time_step_s": t3 - t0,
+                "rollout_tokens_per_s": completion / max(t1 - t0, 1e-9),
+                "elapsed_s": time.perf_counter() - start,
+            }
+            over_budget = t.time_budget_s is not None and time.perf_counter() - start > t.time_budget_s
+            if step % t.eval_every == 0 or step == t.steps or over_budget:
+                last_eval = await self.evaluate(eval_envs)
+                row.update(last_eval)
+            self.metrics.write(step, row)
+            self.progress("step", {"step": step, "of": t.steps, **row, "eval_reward": last_eval["eval_reward"]})
+            if step % t.checkpoint_every == 0 or step == t.steps:
+                self.checkpoint(step)
+            if over_budget:
+                break
+        summary.update({"eval_reward_end": last_eval["eval_reward"], "eval_accuracy_end": last_eval["eval_accuracy"],
+                        "steps": step, "elapsed_s": time.perf_counter() - start})
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        for queue in (train_envs, eval_envs):
+            while not queue.empty():
+                queue.get_nowait().close()
+        return summary
+
+    def checkpoint(self, step: int) -> Path:
+        out = self.run_dir / "checkpoints" / f"step_{step:06d}"
+        save_policy(self.model, self.processor, out)
+        torch.save({"optimizer": self.actor.optimizer.state_dict(), "step": step, "version": self.version,
+                    "rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state()}, out / "trainer_state.pt")
+        return out
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.sync_client.close()
+        self.server.close()
+        self.engine.close()

@@ -1,0 +1,41 @@
+"""Rollout engines behind SGLang's HTTP protocol.
+
+- :mod:`~relax_gym.trainer.engines.protocol`: SGLang's ``/generate`` and weight/admin request and response schemas
+  (pydantic), the media-item extension carrying relax sampling specs, the safetensors tensor codec.
+- :mod:`~relax_gym.trainer.engines.embedded`: :class:`EmbeddedEngine`, a thread-safe, dynamically batching engine
+  on a transformers model (CPU or GPU), with weight updates (tensors, disk, torch.distributed broadcast) and
+  pause / continue.
+- :mod:`~relax_gym.trainer.engines.http_server`: ``serve(engine)``, SGLang's native endpoints on the stdlib HTTP server.
+- :mod:`~relax_gym.trainer.engines.client`: :class:`EngineClient` / :class:`AsyncEngineClient` (httpx), speaking
+  only the HTTP protocol, so they drive a real SGLang server too.
+- :mod:`~relax_gym.trainer.engines.weight_sync`: the trainer side of the distributed weight update.
+
+Names are imported lazily (the engine pulls in transformers; the client does not).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "EmbeddedEngine": "embedded",
+    "EngineRequestError": "embedded",
+    "serve": "http_server",
+    "EngineServer": "http_server",
+    "EngineClient": "client",
+    "AsyncEngineClient": "client",
+    "GenerateOutput": "client",
+    "EngineHTTPError": "client",
+    "EngineConnectionError": "client",
+    "WeightUpdateGroup": "weight_sync",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,810 @@
+"""An in-process rollout engine with SGLang's semantics, on a transformers model (our Qwen2.5-Omni thinker).
+
+:class:`EmbeddedEngine` is what :mod:`~relax_gym.trainer.engines.http_server` serves: a thread-safe engine core with
+
+**Dynamic batching.** ``generate`` may be called from many threads at once. Each call validates its requests and
+decodes / encodes their media *in the calling thread*, then queues them; one scheduler thread collects queued
+requests (up to ``max_batch``; the batch closes once ``batch_window_s`` passes without a new arrival, at most
+``8 * batch_window_s`` after the first), splits the batch
+into groups whose logits warpers are identical (greedy, or the same ``temperature`` / ``top_p`` / ``top_k`` /
+``min_p``), left-pads each group with the processor's ``collate`` and runs **one** ``model.generate`` per group.
+Everything else is per request inside a group: ``max_new_tokens``, stop token ids, stop strings, ``ignore_eos``,
+``skip_special_tokens``, ``no_stop_trim``, log-prob options (a per-row stopping criterion ends each row on its
+own; the call ends when every row has). This is static batching per scheduler round -- no continuous batching,
+paged KV cache or prefix cache.
+
+**Media.** A request's ``image_data`` / ``video_data`` / ``audio_data`` items (see
+:mod:`~relax_gym.trainer.engines.protocol`) are decoded through relax_gym.omni parts built from the URL and the
+relax sampling spec, and encoded with ``processor.encode_media`` -- the same path ``render`` takes, so the media
+tensors equal the rendered ones. ``input_ids`` must already hold each item's expanded pad tokens: the number of
+``<|IMAGE|>`` / ``<|VIDEO|>`` / ``<|AUDIO|>`` ids must equal what the items expand to, else the request is refused
+(:class:`EngineRequestError`, HTTP 400) naming it. ``text`` prompts may instead hold one placeholder per item,
+which is expanded.
+
+**Sampling and log-probs.** ``temperature == 0`` is greedy (argmax); otherwise multinomial sampling after
+temperature, top-k, top-p and min-p (transformers' warpers). The processor's control and media tokens are never
+sampled (they are set to ``-inf`` before anything else). The log-prob returned for each sampled token is under
+the *sampling distribution before truncation*: ``log_softmax(masked_logits / T)`` gathered at the token, with
+``masked_logits`` the model's logits with the control tokens at ``-inf`` and ``T`` the request's temperature
+(``T = 1`` for greedy requests, whose sampler is an argmax). It is what
+``token_logprobs(training_logits.masked_fill(control, -inf), ids, temperature=T)`` gives on a training forward of
+the same weights (a test checks 1e-4), i.e. the behaviour-policy log-prob an RL loss wants; top-k / top-p / min-p
+truncation is *not* renormalised into it (SGLang's default logprobs are likewise pre-truncation).
+
+**Finish reasons** follow SGLang's order: ``{"type": "length", "length": max_new_tokens}`` once
+``max_new_tokens`` tokens exist (checked first, even if the last one is EOS), else
+``{"type": "stop", "matched": token_id}`` for EOS (unless ``ignore_eos``) or a ``stop_token_ids`` id, else
+``{"type": "stop", "matched": "<str>"}`` for a stop string found in the decoded completion (the tail of the
+last tokens is decoded after every step). ``output_ids`` keep the matched token; ``text`` drops the matched stop
+token / everything from the stop string on, unless ``no_stop_trim``. ``{"type": "abort", ...}`` for aborted
+requests (their tokens so far are returned).
+
+**Weights.** :meth:`load_state_dict` (named tensors), :meth:`update_from_disk` (a ``save_policy`` /
+``save_pretrained`` directory or a ``.safetensors`` file; never pickles) and the distributed path
+(:meth:`init_weights_update_group`, :meth:`update_weights_from_distributed`, gloo). Names are the model's
+``state_dict`` keys or their checkpoint spellings (what ``save_pretrained`` writes, with or without the full
+Qwen2.5-Omni model's ``thinker.`` prefix; ``talker.`` / ``token2wav.`` tensors are skipped). An update is
+validated completely (names, shapes) before any tensor is copied, and applied between batches under the model
+lock, so a batch never mixes weights. ``weight_version`` (a string) is reported in every response.
+
+**Pause.** :meth:`pause` stops new batches from starting: requests queue until :meth:`resume`. ``mode="abort"``
+first aborts the running batch (it stops at the next decode step; its requests finish with
+``finish_reason.type == "abort"`` and the tokens so far) and every queued request. ``"in_place"`` and
+``"retract"`` let the running batch finish -- deviation: SGLang freezes it mid-generation (keeping or dropping
+its KV cache) and resumes it after ``continue_generation``; here the batch completes on the old weights. In every
+mode ``pause`` returns once no batch runs, so weights can be swapped safely. :meth:`flush_cache` is a no-op that
+succeeds: there is no prefix / KV cache that outlives a ``model.generate`` call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+from relax_gym.trainer.engines.protocol import (
+    EngineRequest,
+    FinishReason,
+    GenerateReqInput,
+    GenerateResponse,
+    MetaInfo,
+    SamplingParams,
+    deserialize_named_tensors,
+    parse_request,
+)
+from relax_gym.trainer.engines.weight_sync import DEFAULT_GROUP_NAME, WeightUpdateGroup, dtype_from_name
+
+__all__ = ["EmbeddedEngine", "EngineClosedError", "EngineRequestError"]
+
+logger = logging.getLogger(__name__)
+
+_PAD_NAMES = {"image": "<|IMAGE|>", "video": "<|VIDEO|>", "audio": "<|AUDIO|>"}
+_SKIPPED_PREFIXES = ("talker.", "token2wav.")
+_ABORT_MESSAGE = "aborted by pause_generation(mode='abort') / abort_all_requests"
+
+
+class EngineRequestError(ValueError):
+    """A request the engine refuses (HTTP 400): malformed, unsupported, or inconsistent with its media."""
+
+    status_code = 400
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was closed."""
+
+    status_code = 503
+
+
+# ---------------------------------------------------------------------------------------------- internals
+
+
+@dataclass
+class _Row:
+    """What ``processor.collate`` needs of a row."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    mm: dict[str, torch.Tensor]
+
+
+@dataclass
+class _Pending:
+    req: EngineRequest
+    input_ids: list[int]
+    mm: dict[str, torch.Tensor]
+    stop_ids: frozenset[int]
+    stop_strs: list[str]
+    submitted: float
+    future: Future = field(default_factory=Future)
+
+    @property
+    def sp(self) -> SamplingParams:
+        return self.req.sampling_params
+
+
+class _LogprobRecorder(LogitsProcessor):
+    """Masks the control tokens and records ``log_softmax(scores / T)`` per step; the log-prob of the token
+    sampled at step ``s`` is gathered when step ``s + 1`` sees it (and by :meth:`finish` for the last one).
+    It runs after transformers' own processors (suppress tokens) and before the warpers (temperature, top-k,
+    top-p, min-p), so it sees the untruncated distribution."""
+
+    def __init__(self, temperature: float, control_ids: torch.Tensor, prompt_len: int, top_n: int) -> None:
+        self.temperature = float(temperature)
+        self.control_ids = control_ids
+        self.prompt_len = prompt_len
+        self.top_n = top_n
+        self.prev: torch.Tensor | None = None
+        self.token_logprobs: list[torch.Tensor] = []
+        self.top: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.control_ids.numel():
+            scores = scores.index_fill(1, self.control_ids.to(scores.device), float("-inf"))
+        if input_ids.shape[1] > self.prompt_len:
+            self._take(input_ids[:, -1])
+        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        self.prev = logp
+        if self.top_n:
+            values, indices = logp.topk(min(self.top_n, logp.shape[-1]), dim=-1)
+            self.top.append((values.cpu(), indices.cpu()))
+        return scores
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        assert self.prev is not None
+        self.token_logprobs.append(self.prev.gather(1, tokens.view(-1, 1).to(self.prev.device)).squeeze(1).cpu())
+
+    def finish(self, sequences: torch.Tensor) -> None:
+        if len(self.token_logprobs) < sequences.shape[1] - self.prompt_len and self.prev is not None:
+            self._take(sequences[:, -1])
+
+    def row(self, b: int, n: int) -> list[float]:
+        return [float(self.token_logprobs[s][b]) for s in range(n)]
+
+    def top_row(self, b: int, n: int) -> list[list[tuple[float, int]]]:
+        return [list(zip(self.top[s][0][b].tolist(), self.top[s][1][b].tolist())) for s in range(min(n, len(self.top)))]
+
+
+class _RowStopper(StoppingCriteria):
+    """Per-row finishing in SGLang's order (length, stop token, stop string); everything on abort."""
+
+    def __init__(self, rows: Sequence[_Pending], prompt_len: int, decode: Any, abort: threading.Event) -> None:
+        self.rows = rows
+        self.prompt_len = prompt_len
+        self.decode = decode
+        self.abort = abort
+        self.ends: list[int | None] = [None] * len(rows)
+        self.reasons: list[FinishReason | None] = [None] * len(rows)
+        self.tails = [max((len(s) for s in p.stop_strs), default=0) + 2 for p in rows]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
+        n = input_ids.shape[1] - self.prompt_len
+        aborted = self.abort.is_set()
+        last = input_ids[:, -1].tolist()
+        for b, p in enumerate(self.rows):
+            if self.ends[b] is not None:
+                continue
+            reason: FinishReason | None = None
+            if aborted:
+                reason = FinishReason(type="abort", message=_ABORT_MESSAGE)
+            elif n >= p.sp.max_new_tokens:
+                reason = FinishReason(type="length", length=p.sp.max_new_tokens)
+            elif last[b] in p.stop_ids:
+                reason = FinishReason(type="stop", matched=int(last[b]))
+            elif p.stop_strs:
+                start = max(self.prompt_len, input_ids.shape[1] - self.tails[b])
+                tail = self.decode(input_ids[b, start:].tolist())
+                matched = next((s for s in p.stop_strs if s in tail), None)
+                if matched is not None:
+                    reason = FinishReason(type="stop", matched=matched)
+            if reason is not None:
+                self.ends[b], self.reasons[b] = n, reason
+        return torch.tensor([e is not None for e in self.ends], dtype=torch.bool, device=input_ids.device)
+
+
+def _concat(items: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    grouped: dict[str, list[torch.Tensor]] = {}
+    for item in items:
+        for key, tensor in item.items():
+            grouped.setdefault(key, []).append(tensor)
+    return {k: v[0] if len(v) == 1 else torch.cat(v, dim=0) for k, v in grouped.items()}
+
+
+def _finite(x: float) -> float | None:
+    return x if x == x and abs(x) != float("inf") else None
+
+
+# ---------------------------------------------------------------------------------------------- engine
+
+
+class EmbeddedEngine:
+    """The engine core (see the module doc). ``model``: a transformers generative model (the policy's thinker);
+    ``processor``: its :class:`~relax_gym.trainer.policy.OmniProcessor` (or anything with the same
+    ``collate`` / ``encode_media`` / ``encode_text`` / ``decode`` / ``media_token_ids`` / ``control_token_ids`` /
+    ``eos_token_id`` / ``pad_token_id``). The engine uses the model in place: updates change ``model``'s weights."""
+
+    def __init__(self, model: Any, processor: Any, *, max_batch: int = 16, batch_window_s: float = 0.005,
+                 weight_version: str = "0", model_path: str | None = None, decode_cache: Any = "default",
+                 dist_timeout_s: float = 120.0) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if batch_window_s < 0:
+            raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
+        from relax_gym.omni import default_cache
+
+        self.model = model
+        self.processor = processor
+        self.max_batch = int(max_batch)
+        self.batch_window_s = float(batch_window_s)
+        self.model_path = model_path
+        self.dist_timeout_s = float(dist_timeout_s)
+        self._cache = default_cache if decode_cache == "default" else decode_cache
+        self._weight_version = str(weight_version)
+        model.eval()
+        self._device = next(model.parameters()).device
+        gen = getattr(model, "generation_config", None)
+        control = set(int(i) for i in processor.control_token_ids) | set(int(i) for i in (getattr(gen, "suppress_tokens", None) or []))
+        eos = {int(processor.eos_token_id)}
+        gen_eos = getattr(gen, "eos_token_id", None)
+        eos |= {int(i) for i in ([gen_eos] if isinstance(gen_eos, int) else (gen_eos or []))}
+        self.eos_token_ids = frozenset(eos - control)
+        self.control_token_ids = sorted(control - eos)
+        self._control = torch.tensor(self.control_token_ids, dtype=torch.long)
+        text_config = model.config.get_text_config()
+        self.vocab_size = int(text_config.vocab_size)
+        self.max_positions = int(getattr(text_config, "max_position_embeddings", 0) or 0) or None
+        self._neutral_generation = GenerationConfig(
+            pad_token_id=int(processor.pad_token_id), eos_token_id=None, bos_token_id=None,
+            suppress_tokens=self.control_token_ids, do_sample=False, repetition_penalty=1.0, num_beams=1,
+        )
+        self._state = model.state_dict(keep_vars=True)
+        self._names = self._build_name_map()
+
+        self._cv = threading.Condition()
+        self._queue: deque[_Pending] = deque()
+        self._paused = False
+        self._running = False
+        self._closed = False
+        self._abort_event = threading.Event()
+        self._model_lock = threading.RLock()
+        self._tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to share between threads
+        self._groups: dict[str, WeightUpdateGroup] = {}
+        self._group_locks: dict[str, threading.Lock] = {}
+        self._groups_lock = threading.Lock()
+        self._stats = {"requests": 0, "batches": 0, "generate_calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                       "aborted": 0, "max_batch_seen": 0, "generate_seconds": 0.0, "weight_updates": 0}
+        self._thread = threading.Thread(target=self._loop, name="embedded-engine-scheduler", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------------------------------ public: generate
+
+    def generate(self, request: GenerateReqInput | Mapping[str, Any] | EngineRequest | Sequence[EngineRequest], *,
+                 timeout: float | None = None) -> GenerateResponse | list[GenerateResponse]:
+        """Run requests (blocking, thread-safe). ``request``: a :class:`GenerateReqInput` or its JSON dict (single
+        → one :class:`GenerateResponse`, batch → a list), an :class:`EngineRequest`, or a list of them (→ a list).
+        Raises :class:`EngineRequestError` for a refused request (nothing of the call runs)."""
+        single = False
+        if isinstance(request, Mapping):
+            try:
+                request = parse_request(GenerateReqInput, dict(request))
+            except ValueError as exc:
+                raise EngineRequestError(str(exc)) from None
+        if isinstance(request, GenerateReqInput):
+            single = not request.is_batch
+            try:
+                reqs = request.split()
+            except ValueError as exc:
+                raise EngineRequestError(str(exc)) from None
+        elif isinstance(request, EngineRequest):
+            single, reqs = True, [request]
+        else:
+            reqs = list(request)
+        pending = [self._prepare(r) for r in reqs]
+        self._submit(pending)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out = []
+        for p in pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            out.append(p.future.result(timeout=left))
+        return out[0] if single else out
+
+    def health_check(self, timeout: float = 20.0) -> bool:
+        """A 1-token greedy generate (what SGLang's ``/health_generate`` runs). While paused it only checks that
+        the scheduler thread is alive (a generate would wait for ``resume``)."""
+        if self._closed or not self._thread.is_alive():
+            return False
+        if self._paused:
+            return True
+        req = EngineRequest(rid=f"HEALTH_CHECK_{time.time()}", input_ids=[int(self.processor.eos_token_id)],
+                            sampling_params=SamplingParams(max_new_tokens=1, temperature=0.0))
+        try:
+            self.generate(req, timeout=timeout)
+            return True
+        except Exception:  # noqa: BLE001 - any failure is "unhealthy"
+            logger.exception("health check generate failed")
+            return False
+
+    # ------------------------------------------------------------------------------------------ public: control
+
+    def pause(self, mode: str = "abort") -> None:
+        """Stop starting batches (see the module doc); returns once no batch runs."""
+        if mode not in ("abort", "retract", "in_place"):
+            raise EngineRequestError(f"mode must be 'abort', 'retract' or 'in_place', got {mode!r}")
+        with self._cv:
+            self._paused = True
+            if mode == "abort":
+                self._abort_all_locked()
+            while self._running:
+                self._cv.wait()
+
+    def resume(self) -> None:
+        with self._cv:
+            self._paused = False
+            self._cv.notify_all()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def alive(self) -> bool:
+        """The engine is open and its scheduler thread runs."""
+        return not self._closed and self._thread.is_alive()
+
+    def abort_all(self) -> int:
+        """Abort the running batch (at its next step) and every queued request; returns how many were queued."""
+        with self._cv:
+            return self._abort_all_locked()
+
+    def flush_cache(self) -> bool:
+        """No prefix / KV cache outlives a ``model.generate`` call here: nothing to flush; always succeeds."""
+        return True
+
+    @property
+    def weight_version(self) -> str:
+        return self._weight_version
+
+    def update_weight_version(self, new_version: str, *, abort_all_requests: bool = True) -> None:
+        if abort_all_requests:
+            self.abort_all()
+        with self._model_lock:
+            self._weight_version = str(new_version)
+
+    def stats(self) -> dict[str, Any]:
+        with self._cv:
+            return {**self._stats, "queued": len(self._queue), "running": self._running, "paused": self._paused,
+                    "weight_version": self._weight_version}
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._abort_all_locked()
+            self._cv.notify_all()
+        self._thread.join(timeout)
+        with self._groups_lock:
+            for group in self._groups.values():
+                group.destroy()
+            self._groups.clear()
+
+    def __enter__(self) -> EmbeddedEngine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ public: weights
+
+    def load_state_dict(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                        weight_version: str | None = None, *, abort_all_requests: bool = False) -> str:
+        """Copy named tensors into the model (all validated first; applied between batches). Returns a message."""
+        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        plan = self._plan([(name, tuple(t.shape)) for name, t in items])
+        if abort_all_requests:
+            self.abort_all()
+        by_name = dict(items)
+        with self._model_lock, torch.no_grad():
+            for name, key in plan:
+                self._state[key].copy_(by_name[name])
+            self._bump(weight_version)
+        return f"Loaded {len(plan)} tensors (weight version {self._weight_version})."
+
+    def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], *, load_format: str | None = None,
+                                   weight_version: str | None = None, abort_all_requests: bool = False) -> str:
+        """SGLang's ``update_weights_from_tensor``: one payload per TP rank (exactly one here), each base64
+        safetensors (:func:`~relax_gym.trainer.engines.protocol.serialize_named_tensors`)."""
+        if load_format not in (None, "safetensors", "auto"):
+            raise EngineRequestError(f"load_format={load_format!r} is not supported (the payload is base64 safetensors)")
+        if len(serialized_named_tensors) != 1:
+            raise EngineRequestError(f"serialized_named_tensors needs one entry per tensor-parallel rank; the embedded "
+                                     f"engine has 1, got {len(serialized_named_tensors)}")
+        try:
+            tensors = deserialize_named_tensors(serialized_named_tensors[0])
+        except ValueError as exc:
+            raise EngineRequestError(str(exc)) from None
+        return self.load_state_dict(tensors, weight_version=weight_version, abort_all_requests=abort_all_requests)
+
+    def update_from_disk(self, path: str | Path, *, load_format: str | None = None, weight_version: str | None = None,
+                         abort_all_requests: bool = False) -> str:
+        """Load the ``*.safetensors`` of a checkpoint directory (``save_policy`` / ``save_pretrained``, sharded
+        or not) or one ``.safetensors`` file. Pickle checkpoints (``.bin`` / ``.pt``) are refused."""
+        from safetensors import safe_open
+
+        if load_format not in (None, "auto", "safetensors"):
+            raise EngineRequestError(f"load_format={load_format!r} is not supported (safetensors checkpoints only)")
+        root = Path(path)
+        if root.is_file():
+            files = [root] if root.suffix == ".safetensors" else []
+        elif root.is_dir():
+            files = sorted(root.glob("*.safetensors"))
+        else:
+            raise EngineRequestError(f"model_path {str(root)!r} does not exist")
+        if not files:
+            pickles = sorted(p.name for p in (root.glob("*") if root.is_dir() else [root]) if p.suffix in (".bin", ".pt", ".pth"))
+            hint = f" (found {pickles}: pickle checkpoints are never loaded; save with safetensors)" if pickles else ""
+            raise EngineRequestError(f"no .safetensors weights at {str(root)!r}{hint}")
+        shapes: list[tuple[str, tuple[int, ...]]] = []
+        where: dict[str, Path] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as fh:
+                for name in fh.keys():
+                    shapes.append((name, tuple(fh.get_slice(name).get_shape())))
+                    where[name] = f
+        plan = self._plan(shapes)
+        if not plan:
+            raise EngineRequestError(f"no tensor of {str(root)!r} belongs to this model")
+        if abort_all_requests:
+            self.abort_all()
+        with self._model_lock, torch.no_grad():
+            by_file: dict[Path, list[tuple[str, str]]] = {}
+            for name, key in plan:
+                by_file.setdefault(where[name], []).append((name, key))
+            for f, entries in by_file.items():
+                with safe_open(str(f), framework="pt") as fh:
+                    for name, key in entries:
+                        self._state[key].copy_(fh.get_tensor(name))
+            self._bump(weight_version)
+            self.model_path = str(root)
+        return f"Loaded {len(plan)} tensors from {str(root)!r} (weight version {self._weight_version})."
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str = DEFAULT_GROUP_NAME, backend: str = "gloo") -> str:
+        """Join the trainer's weight-update group as rank ``rank_offset`` (blocks until all ranks meet)."""
+        if backend != "gloo":
+            raise EngineRequestError(f"backend {backend!r} is not available in the CPU embedded engine; use 'gloo'")
+        with self._groups_lock:
+            if group_name in self._groups:
+                raise EngineRequestError(f"weight update group {group_name!r} already exists (destroy it first)")
+            self._group_locks.setdefault(group_name, threading.Lock())
+        group = WeightUpdateGroup(master_address, master_port, rank_offset, world_size, group_name=group_name,
+                                  backend=backend, timeout_s=self.dist_timeout_s)
+        with self._groups_lock:
+            self._groups[group_name] = group
+        return f"Joined weight update group {group_name!r} as rank {rank_offset} of {world_size}."
+
+    def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
+                                        group_name: str = DEFAULT_GROUP_NAME, *, weight_version: str | None = None,
+                                        abort_all_requests: bool = False) -> str:
+        """Receive ``len(names)`` broadcasts from rank 0 (in order, with the announced dtypes / shapes), then
+        apply them like :meth:`load_state_dict`. All announced tensors are received even when a name turns out
+        to be wrong (so the group stays in step); the error is raised after."""
+        if not len(names) == len(dtypes) == len(shapes):
+            raise EngineRequestError("names, dtypes and shapes need the same length")
+        with self._groups_lock:
+            group = self._groups.get(group_name)
+            lock = self._group_locks.get(group_name)
+        if group is None or lock is None:
+            raise EngineRequestError(f"no weight update group {group_name!r} (call init_weights_update_group first)")
+        try:
+            torch_dtypes = [dtype_from_name(d) for d in dtypes]
+        except ValueError as exc:
+            raise EngineRequestError(f"dtypes: {exc}") from None
+        received: list[tuple[str, torch.Tensor]] = []
+        with lock:
+            for name, dtype, shape in zip(names, torch_dtypes, shapes):
+                buf = torch.empty(tuple(int(s) for s in shape), dtype=dtype)
+                group.broadcast(buf, src=0)
+                received.append((name, buf))
+        return self.load_state_dict(received, weight_version=weight_version, abort_all_requests=abort_all_requests)
+
+    def destroy_weights_update_group(self, group_name: str = DEFAULT_GROUP_NAME) -> str:
+        with self._groups_lock:
+            group = self._groups.pop(group_name, None)
+        if group is None:
+            raise EngineRequestError(f"no weight update group {group_name!r}")
+        group.destroy()
+        return f"Destroyed weight update group {group_name!r}."
+
+    # ------------------------------------------------------------------------------------------ weights: internals
+
+    def _build_name_map(self) -> dict[str, str]:
+        """Accepted tensor name → state_dict key: the keys themselves, their checkpoint spellings (what
+        ``save_pretrained`` writes, via transformers' reverse key mapping) and those with a ``thinker.`` prefix."""
+        names = {k: k for k in self._state}
+        try:
+            from transformers.core_model_loading import revert_weight_conversion
+
+            plain = self.model.state_dict()
+            key_of = {id(v): k for k, v in plain.items()}
+            for ckpt_name, tensor in revert_weight_conversion(self.model, dict(plain)).items():
+                key = key_of.get(id(tensor))
+                if key is not None:
+                    names.setdefault(ckpt_name, key)
+        except Exception:  # noqa: BLE001 - older / newer transformers: runtime names still work
+            logger.debug("no checkpoint key mapping available; only state_dict names are accepted", exc_info=True)
+        for name, key in list(names.items()):
+            names.setdefault(f"thinker.{name}", key)
+        return names
+
+    def _plan(self, shapes: Sequence[tuple[str, tuple[int, ...]]]) -> list[tuple[str, str]]:
+        """Validate names and shapes; ``[(given name, state_dict key)]``; skipped: talker / token2wav tensors."""
+        plan, unknown, wrong = [], [], []
+        for name, shape in shapes:
+            if name.startswith(_SKIPPED_PREFIXES):
+                continue
+            key = self._names.get(name)
+            if key is None:
+                unknown.append(name)
+                continue
+            want = tuple(self._state[key].shape)
+            if tuple(shape) != want:
+                wrong.append(f"{name}: got {list(shape)}, the model has {list(want)}")
+                continue
+            plan.append((name, key))
+        if unknown or wrong:
+            parts = []
+            if unknown:
+                parts.append(f"{len(unknown)} unknown tensor name(s): {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+            if wrong:
+                parts.append(f"{len(wrong)} shape mismatch(es): {wrong[:5]}{' ...' if len(wrong) > 5 else ''}")
+            raise EngineRequestError("weight update refused, nothing was loaded: " + "; ".join(parts))
+        return plan
+
+    def _bump(self, weight_version: str | None) -> None:
+        if weight_version is not None:
+            self._weight_version = str(weight_version)
+        with self._cv:
+            self._stats["weight_updates"] += 1
+
+    # ------------------------------------------------------------------------------------------ requests: internals
+
+    def _prepare(self, req: EngineRequest) -> _Pending:
+        """Validate one request and resolve its media (caller's thread). Raises :class:`EngineRequestError`."""
+        where = req.where
+        sp = req.sampling_params
+        from_text = req.input_ids is None
+        ids = self._encode_text(req.text or "") if from_text else list(req.input_ids or [])
+        if not ids:
+            raise EngineRequestError(f"{where}: the prompt is empty")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise EngineRequestError(f"{where}: input_ids hold ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        items: list[dict[str, torch.Tensor]] = []
+        for kind in ("image", "video", "audio"):
+            given = req.media.get(kind, [])
+            pad = int(self.processor.media_token_ids[kind])
+            encodings = [self._encode_item(kind, i, item, where) for i, item in enumerate(given)]
+            expanded = sum(len(e.token_ids) for e in encodings)
+            count = ids.count(pad)
+            if from_text and count == len(encodings) and count != expanded:
+                ids = self._expand(ids, pad, encodings)
+                count = expanded
+            if count != expanded:
+                token = _PAD_NAMES.get(kind, kind)
+                raise EngineRequestError(
+                    f"{where}: input_ids hold {count} {token} pad token(s) but {kind}_data gives {len(encodings)} "
+                    f"item(s) that expand to {expanded}: the media does not match the prompt")
+            items.extend(dict(e.tensors) for e in encodings)
+        if self.max_positions is not None and len(ids) + sp.max_new_tokens > self.max_positions:
+            raise EngineRequestError(f"{where}: prompt ({len(ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) exceeds "
+                                     f"the model's {self.max_positions} positions")
+        bad_stop = [t for t in sp.stop_token_ids or [] if not 0 <= t < self.vocab_size]
+        if bad_stop:
+            raise EngineRequestError(f"{where}: sampling_params.stop_token_ids outside the vocabulary: {bad_stop[:5]}")
+        stop_ids = frozenset(int(t) for t in sp.stop_token_ids or []) | (frozenset() if sp.ignore_eos else self.eos_token_ids)
+        return _Pending(req=req, input_ids=ids, mm=_concat(items), stop_ids=stop_ids, stop_strs=sp.stop_strings,
+                        submitted=time.monotonic())
+
+    def _encode_text(self, text: str) -> list[int]:
+        with self._tokenizer_lock:
+            return [int(t) for t in self.processor.encode_text(text)]
+
+    def _decode(self, ids: Sequence[int], **kwargs: Any) -> str:
+        with self._tokenizer_lock:
+            return self.processor.decode(list(ids), **kwargs)
+
+    def _encode_item(self, kind: str, i: int, item: Any, where: str) -> Any:
+        from relax_gym.omni import from_openai
+
+        key = f"{kind}_url"
+        js = {"type": key, key: {"url": item.url}}
+        if item.sampling is not None:
+            js["sampling"] = item.sampling
+        try:
+            (part,) = from_openai([{"role": "user", "content": [js]}])[0].content
+            decoded = part.decode(self._cache)
+            return self.processor.encode_media(kind, decoded)
+        except (ValueError, OSError, TypeError) as exc:  # ConversationFormatError, MediaError are ValueErrors
+            raise EngineRequestError(f"{where}: {kind}_data[{i}] ({item.url[:120]}): {exc}") from None
+
+    @staticmethod
+    def _expand(ids: list[int], pad: int, encodings: Sequence[Any]) -> list[int]:
+        out: list[int] = []
+        queue = list(encodings)
+        for t in ids:
+            if t == pad:
+                out.extend(int(x) for x in queue.pop(0).token_ids)
+            else:
+                out.append(t)
+        return out
+
+    def _submit(self, pending: Sequence[_Pending]) -> None:
+        with self._cv:
+            if self._closed:
+                raise EngineClosedError("the engine is closed")
+            self._queue.extend(pending)
+            self._cv.notify_all()
+
+    def _abort_all_locked(self) -> int:
+        if self._running:
+            self._abort_event.set()
+        n = len(self._queue)
+        while self._queue:
+            p = self._queue.popleft()
+            self._resolve(p, [], None, FinishReason(type="abort", message=_ABORT_MESSAGE), self._weight_version)
+        return n
+
+    # ------------------------------------------------------------------------------------------ scheduler
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and (self._paused or not self._queue):
+                    self._cv.wait()
+                if self._closed:
+                    return
+                # the batch closes after a quiet batch_window_s without new requests (at most 8 windows)
+                first = time.monotonic()
+                deadline, seen = first + self.batch_window_s, len(self._queue)
+                while len(self._queue) < self.max_batch and not self._closed and not self._paused:
+                    now = time.monotonic()
+                    if len(self._queue) > seen:
+                        seen = len(self._queue)
+                        deadline = min(now + self.batch_window_s, first + 8 * self.batch_window_s)
+                    if now >= deadline:
+                        break
+                    self._cv.wait(deadline - now)
+                if self._closed:
+                    return
+                if self._paused or not self._queue:
+                    continue
+                batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+                self._running = True
+                self._abort_event = threading.Event()
+                abort = self._abort_event
+                self._stats["batches"] += 1
+                self._stats["max_batch_seen"] = max(self._stats["max_batch_seen"], len(batch))
+            try:
+                self._run_batch(batch, abort)
+            except BaseException as exc:  # noqa: BLE001 - never let the scheduler die
+                logger.exception("embedded engine batch failed")
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+            finally:
+                with self._cv:
+                    self._running = False
+                    self._cv.notify_all()
+
+    def _run_batch(self, batch: list[_Pending], abort: threading.Event) -> None:
+        groups: dict[tuple, list[_Pending]] = {}
+        for p in batch:
+            groups.setdefault(p.sp.warper_key(), []).append(p)
+        with self._model_lock:
+            version = self._weight_version
+            for rows in groups.values():
+                if abort.is_set():
+                    for p in rows:
+                        self._resolve(p, [], None, FinishReason(type="abort", message=_ABORT_MESSAGE), version)
+                    continue
+                try:
+                    self._run_group(rows, abort, version)
+                except Exception as exc:  # noqa: BLE001 - fail this group's requests, keep the others
+                    logger.exception("embedded engine generate failed")
+                    for p in rows:
+                        if not p.future.done():
+                            p.future.set_exception(exc)
+
+    def _run_group(self, rows: list[_Pending], abort: threading.Event, version: str) -> None:
+        for p in [p for p in rows if p.sp.max_new_tokens == 0]:
+            self._resolve(p, [], [] if p.req.return_logprob else None, FinishReason(type="length", length=0), version)
+        active = [p for p in rows if p.sp.max_new_tokens > 0]
+        if not active:
+            return
+        sp = active[0].sp
+        greedy = sp.greedy
+        temperature = 1.0 if greedy else sp.temperature
+        batch = self.processor.collate([_Row(p.input_ids, [0] * len(p.input_ids), p.mm) for p in active], padding_side="left")
+        batch.pop("loss_mask", None)
+        batch = {k: v.to(self._device) for k, v in batch.items()}
+        prompt_len = int(batch["input_ids"].shape[1])
+        top_n = max((p.req.top_logprobs_num for p in active if p.req.return_logprob), default=0)
+        recorder = _LogprobRecorder(temperature, self._control, prompt_len, top_n)
+        stopper = _RowStopper(active, prompt_len, lambda ids: self._decode(ids, skip_special_tokens=False), abort)
+        warpers: dict[str, Any] = {} if greedy else {
+            "temperature": temperature, "top_p": sp.top_p, "top_k": sp.top_k if sp.top_k > 0 else 0,
+            "min_p": sp.min_p if sp.min_p > 0 else None}
+        config = GenerationConfig(
+            do_sample=not greedy, max_new_tokens=max(p.sp.max_new_tokens for p in active),
+            pad_token_id=int(self.processor.pad_token_id), eos_token_id=None, bos_token_id=None,
+            suppress_tokens=self.control_token_ids, num_beams=1, repetition_penalty=1.0, **warpers,
+        )
+        t0 = time.monotonic()
+        saved = getattr(self.model, "generation_config", None)
+        self.model.generation_config = self._neutral_generation  # nothing of the checkpoint's config leaks in
+        try:
+            with torch.inference_mode():
+                sequences = self.model.generate(**batch, generation_config=config,
+                                                logits_processor=LogitsProcessorList([recorder]),
+                                                stopping_criteria=StoppingCriteriaList([stopper]))
+        finally:
+            self.model.generation_config = saved
+        elapsed = time.monotonic() - t0
+        if not isinstance(sequences, torch.Tensor):
+            sequences = sequences.sequences
+        recorder.finish(sequences)
+        sequences = sequences.cpu()
+        generated = sequences.shape[1] - prompt_len
+        with self._cv:
+            self._stats["generate_calls"] += 1
+            self._stats["generate_seconds"] += elapsed
+        for b, p in enumerate(active):
+            end, reason = stopper.ends[b], stopper.reasons[b]
+            if end is None:  # the loop ended without our criterion (e.g. a model max length)
+                end, reason = generated, FinishReason(type="length", length=generated)
+            ids = sequences[b, prompt_len:prompt_len + end].tolist()
+            logprobs = recorder.row(b, len(ids)) if p.req.return_logprob else None
+            top = recorder.top_row(b, len(ids)) if (p.req.return_logprob and p.req.top_logprobs_num) else None
+            if top is not None:
+                top = [entry[: p.req.top_logprobs_num] for entry in top]
+            self._resolve(p, ids, logprobs, reason, version, top=top)
+
+    def _resolve(self, p: _Pending, ids: list[int], logprobs: list[float] | None, reason: FinishReason | None,
+                 version: str, *, top: list[list[tuple[float, int]]] | None = None) -> None:
+        sp, req = p.sp, p.req
+        text_ids = ids
+        if reason is not None and reason.type == "stop" and isinstance(reason.matched, int) and not sp.no_stop_trim and ids:
+            text_ids = ids[:-1]
+        text = self._decode(text_ids, skip_special_tokens=sp.skip_special_tokens) if text_ids else ""
+        if reason is not None and reason.type == "stop" and isinstance(reason.matched, str) and not sp.no_stop_trim:
+            cut = text.find(reason.matched)
+            if cut >= 0:
+                text = text[:cut]
+        token_text = (lambda t: self._decode([t], skip_special_tokens=False)) if req.return_text_in_logprobs else (lambda t: None)
+        meta = MetaInfo(
+            id=req.rid, finish_reason=reason, prompt_tokens=len(p.input_ids), completion_tokens=len(ids),
+            cached_tokens=0, weight_version=version, e2e_latency=time.monotonic() - p.submitted,
+        )
+        if req.return_logprob:
+            meta.output_token_logprobs = [(_finite(lp), t, token_text(t)) for lp, t in zip(logprobs or [], ids)]
+            meta.input_token_logprobs = []
+            if req.top_logprobs_num:
+                meta.output_top_logprobs = [[(_finite(v), i, token_text(i)) for v, i in step] for step in (top or [])]
+                meta.input_top_logprobs = []
+        with self._cv:
+            self._stats["requests"] += 1
+            self._stats["prompt_tokens"] += len(p.input_ids)
+            self._stats["completion_tokens"] += len(ids)
+            if reason is not None and reason.type == "abort":
+                self._stats["aborted"] += 1
+        if not p.future.done():
+            p.future.set_result(GenerateResponse(text=text, output_ids=ids, meta_info=meta))

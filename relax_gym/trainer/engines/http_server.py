@@ -1,0 +1,362 @@
+"""SGLang's native HTTP endpoints in front of an :class:`~relax_gym.trainer.engines.embedded.EmbeddedEngine`, on
+the stdlib ``ThreadingHTTPServer`` (one thread per connection; the engine batches across them).
+
+    server = serve(engine)                     # 127.0.0.1, a free port
+    client = EngineClient(server.url)
+    ...
+    server.close()
+
+Endpoints (request bodies: :mod:`~relax_gym.trainer.engines.protocol`; responses as SGLang's):
+
+==========================================  ======  ============================================================
+``/generate``                               POST    ``GenerateResponse`` JSON, a list for a batch request
+                                                    (PUT too, as SGLang)
+``/health``                                 GET     200 while the scheduler thread lives (no generate)
+``/health_generate``                        GET     200 after a 1-token greedy generate, else 503 (while paused:
+                                                    200 without generating, as a generate would wait)
+``/flush_cache``                            GET/    200, text (nothing to flush: no prefix cache)
+                                            POST
+``/pause_generation``                       POST    ``{"mode": "abort" | "retract" | "in_place"}`` →
+                                                    ``{"message": ..., "status": "ok"}``
+``/continue_generation``                    POST    ``{"message": ..., "status": "ok"}``
+``/update_weights_from_disk``               POST    ``{"success", "message", "num_paused_requests"}``
+``/update_weights_from_tensor``             POST    ``{"success", "message"}``
+``/init_weights_update_group``              POST    ``{"success", "message"}``
+``/update_weights_from_distributed``        POST    ``{"success", "message"}``
+``/destroy_weights_update_group``           POST    ``{"success", "message"}``
+``/update_weight_version``                  POST    ``{"success", "message", "new_version"}``
+``/get_model_info``                         GET     ``{"model_path", "tokenizer_path", "is_generation",
+                                                    "preferred_sampling_params", "weight_version"}``
+``/get_weight_version``                     GET     ``{"weight_version"}``
+``/get_server_info``                        GET     engine settings and batching statistics (our fields)
+==========================================  ======  ============================================================
+
+Errors: invalid JSON or a body that fails its schema → 400 ``{"object": "error", "message": "<field>: <why>",
+"type": "BadRequest", "code": 400}`` (the field path first); a refused request (media / prompt mismatch, an
+unknown tensor name, ...) → 400 with the reason (weight endpoints answer ``{"success": false, "message"}`` with
+400, as SGLang); an engine failure → 500 with the exception's message; an unknown path → 404, a known path with
+another method → 405. A handler never lets an exception escape: the server keeps serving.
+
+Loopback by default. The server reads ``file://`` / path media items from its own filesystem: bind it to another
+interface only on a trusted network.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from relax_gym.trainer.engines.protocol import (
+    ContinueGenerationReqInput,
+    DestroyWeightsUpdateGroupReqInput,
+    FlushCacheReqInput,
+    GenerateReqInput,
+    InitWeightsUpdateGroupReqInput,
+    PauseGenerationReqInput,
+    UpdateWeightFromDiskReqInput,
+    UpdateWeightsFromDistributedReqInput,
+    UpdateWeightsFromTensorReqInput,
+    UpdateWeightVersionReqInput,
+    parse_request,
+)
+
+__all__ = ["EngineServer", "serve"]
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 1 << 31  # 2 GiB: a tensor payload can be large
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str, *, kind: str | None = None, body: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind or HTTPStatus(status).phrase.replace(" ", "")
+        self.body = body
+
+
+class _Response:
+    def __init__(self, status: int, body: Any, content_type: str = "application/json") -> None:
+        self.status, self.body, self.content_type = status, body, content_type
+
+
+def _json(body: Any, status: int = 200) -> _Response:
+    return _Response(status, body)
+
+
+def _text(body: str, status: int = 200) -> _Response:
+    return _Response(status, body, "text/plain; charset=utf-8")
+
+
+class EngineServer:
+    """A running server: ``.url`` (``http://host:port``), ``.close()``; a context manager."""
+
+    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, *, close_engine: bool = False) -> None:
+        self.engine = engine
+        self.close_engine = close_engine
+        self._routes = self._build_routes()
+        handler = type("EngineRequestHandler", (_Handler,), {"server_ref": self})
+        self._httpd = _Server((host, port), handler)
+        self._httpd.daemon_threads = True
+        self.host, self.port = self._httpd.server_address[:2]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"engine-http-{self.port}", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        host = self.host if ":" not in str(self.host) else f"[{self.host}]"
+        return f"http://{host}:{self.port}"
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5)
+        if self.close_engine:
+            self.engine.close()
+
+    def __enter__(self) -> EngineServer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ routes
+
+    def _build_routes(self) -> dict[str, tuple[tuple[str, ...], Callable[[Any], _Response]]]:
+        return {
+            "/generate": (("POST", "PUT"), self._generate),
+            "/health": (("GET", "POST"), self._health),
+            "/health_generate": (("GET", "POST"), self._health_generate),
+            "/flush_cache": (("GET", "POST"), self._flush_cache),
+            "/pause_generation": (("POST",), self._pause),
+            "/continue_generation": (("POST",), self._continue),
+            "/update_weights_from_disk": (("POST",), self._update_from_disk),
+            "/update_weights_from_tensor": (("POST",), self._update_from_tensor),
+            "/init_weights_update_group": (("POST",), self._init_group),
+            "/update_weights_from_distributed": (("POST",), self._update_from_distributed),
+            "/destroy_weights_update_group": (("POST",), self._destroy_group),
+            "/update_weight_version": (("POST",), self._update_weight_version),
+            "/get_model_info": (("GET",), self._model_info),
+            "/get_weight_version": (("GET",), self._weight_version),
+            "/get_server_info": (("GET",), self._server_info),
+        }
+
+    def dispatch(self, method: str, path: str, body: Any) -> _Response:
+        route = self._routes.get(path)
+        if route is None:
+            raise _HTTPError(404, f"no endpoint {path!r}")
+        methods, fn = route
+        if method not in methods:
+            raise _HTTPError(405, f"{path} takes {' or '.join(methods)}, not {method}")
+        return fn(body)
+
+    @staticmethod
+    def _parse(model: type, body: Any) -> Any:
+        try:
+            return parse_request(model, body)
+        except ValueError as exc:
+            raise _HTTPError(400, str(exc)) from None
+
+    def _generate(self, body: Any) -> _Response:
+        from relax_gym.trainer.engines.embedded import EngineRequestError
+
+        req = self._parse(GenerateReqInput, body)
+        try:
+            out = self.engine.generate(req)
+        except EngineRequestError as exc:
+            raise _HTTPError(400, str(exc)) from None
+        return _json([o.to_json() for o in out] if isinstance(out, list) else out.to_json())
+
+    def _health(self, body: Any) -> _Response:
+        return _text("", 200 if self.engine.alive else 503)
+
+    def _health_generate(self, body: Any) -> _Response:
+        return _text("", 200 if self.engine.health_check() else 503)
+
+    def _flush_cache(self, body: Any) -> _Response:
+        self._parse(FlushCacheReqInput, body)
+        ok = self.engine.flush_cache()
+        return _text("Cache flushed.\nThe embedded engine keeps no prefix cache: nothing to flush.\n", 200 if ok else 400)
+
+    def _pause(self, body: Any) -> _Response:
+        req = self._parse(PauseGenerationReqInput, body)
+        self.engine.pause(req.mode)
+        return _json({"message": "Generation paused successfully.", "status": "ok"})
+
+    def _continue(self, body: Any) -> _Response:
+        self._parse(ContinueGenerationReqInput, body)
+        self.engine.resume()
+        return _json({"message": "Generation continued successfully.", "status": "ok"})
+
+    def _weights(self, fn: Callable[[], str], weight_version: str | None = None, **extra: Any) -> _Response:
+        from relax_gym.trainer.engines.embedded import EngineRequestError
+
+        try:
+            message = fn()
+        except EngineRequestError as exc:
+            return _json({"success": False, "message": str(exc), **extra}, 400)
+        if weight_version is not None:
+            message += f" Weight version updated to {weight_version}."
+        return _json({"success": True, "message": message, **extra})
+
+    def _update_from_disk(self, body: Any) -> _Response:
+        req = self._parse(UpdateWeightFromDiskReqInput, body)
+        return self._weights(lambda: self.engine.update_from_disk(
+            req.model_path, load_format=req.load_format, weight_version=req.weight_version,
+            abort_all_requests=req.abort_all_requests), req.weight_version, num_paused_requests=0)
+
+    def _update_from_tensor(self, body: Any) -> _Response:
+        req = self._parse(UpdateWeightsFromTensorReqInput, body)
+        return self._weights(lambda: self.engine.update_weights_from_tensor(
+            req.serialized_named_tensors, load_format=req.load_format, weight_version=req.weight_version,
+            abort_all_requests=req.abort_all_requests), req.weight_version)
+
+    def _init_group(self, body: Any) -> _Response:
+        req = self._parse(InitWeightsUpdateGroupReqInput, body)
+        return self._weights(lambda: self.engine.init_weights_update_group(
+            req.master_address, req.master_port, req.rank_offset, req.world_size, group_name=req.group_name,
+            backend=req.backend))
+
+    def _update_from_distributed(self, body: Any) -> _Response:
+        req = self._parse(UpdateWeightsFromDistributedReqInput, body)
+        return self._weights(lambda: self.engine.update_weights_from_distributed(
+            req.names, req.dtypes, req.shapes, group_name=req.group_name, weight_version=req.weight_version,
+            abort_all_requests=req.abort_all_requests), req.weight_version)
+
+    def _destroy_group(self, body: Any) -> _Response:
+        req = self._parse(DestroyWeightsUpdateGroupReqInput, body)
+        return self._weights(lambda: self.engine.destroy_weights_update_group(req.group_name))
+
+    def _update_weight_version(self, body: Any) -> _Response:
+        req = self._parse(UpdateWeightVersionReqInput, body)
+        self.engine.update_weight_version(req.new_version, abort_all_requests=req.abort_all_requests)
+        return _json({"success": True, "message": f"Weight version updated to {req.new_version}",
+                      "new_version": req.new_version})
+
+    def _model_info(self, body: Any) -> _Response:
+        return _json({
+            "model_path": self.engine.model_path, "tokenizer_path": self.engine.model_path, "is_generation": True,
+            "preferred_sampling_params": None, "weight_version": self.engine.weight_version,
+        })
+
+    def _weight_version(self, body: Any) -> _Response:
+        return _json({"weight_version": self.engine.weight_version})
+
+    def _server_info(self, body: Any) -> _Response:
+        return _json({
+            "engine": "relax_gym.embedded", "max_batch": self.engine.max_batch,
+            "batch_window_s": self.engine.batch_window_s, "weight_version": self.engine.weight_version,
+            "stats": self.engine.stats(),
+        })
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # the stdlib's 5 drops concurrent connects (a 1 s SYN retry each)
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_ref: EngineServer
+    protocol_version = "HTTP/1.1"
+    server_version = "relax-gym-embedded-engine"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+        self._handle("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._handle("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._handle("PUT")
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        logger.debug("%s - %s", self.address_string(), format % args)
+
+    def _handle(self, method: str) -> None:
+        try:
+            path = urlsplit(self.path).path.rstrip("/") or "/"
+            try:
+                body = self._read_body()
+            except _HTTPError:
+                self.close_connection = True  # the rest of the body may still be on the wire
+                raise
+            response = self.server_ref.dispatch(method, path, body)
+            payload = _encode(response)
+        except _HTTPError as exc:
+            response = _json({"object": "error", "message": exc.message, "type": exc.kind, "param": None, "code": exc.status}, exc.status)
+            payload = _encode(response)
+        except Exception as exc:  # noqa: BLE001 - an engine failure is a 500, never a dead handler
+            logger.exception("engine request failed")
+            status = int(getattr(exc, "status_code", 500) or 500)
+            response = _json({"object": "error", "message": f"{type(exc).__name__}: {exc}",
+                              "type": HTTPStatus(status).phrase.replace(" ", ""), "param": None, "code": status}, status)
+            payload = _encode(response)
+        try:
+            self.send_response(response.status)
+            self.send_header("Content-Type", response.content_type)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception:  # noqa: BLE001
+            self.close_connection = True
+            logger.exception("sending the response failed")
+
+    def _read_body(self) -> Any:
+        length = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            raw = self._read_chunked()
+        else:
+            try:
+                n = int(length or 0)
+            except ValueError:
+                raise _HTTPError(400, f"bad Content-Length {length!r}") from None
+            if n > MAX_BODY_BYTES:
+                raise _HTTPError(413, f"body of {n} bytes exceeds {MAX_BODY_BYTES}")
+            raw = self.rfile.read(n) if n else b""
+        if not raw.strip():
+            return None
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _HTTPError(400, f"the body is not valid JSON: {exc}") from None
+
+    def _read_chunked(self) -> bytes:
+        parts = []
+        total = 0
+        while True:
+            line = self.rfile.readline().strip()
+            size = int(line.split(b";")[0], 16)
+            if size == 0:
+                self.rfile.readline()
+                return b"".join(parts)
+            total += size
+            if total > MAX_BODY_BYTES:
+                raise _HTTPError(413, "chunked body too large")
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()
+
+def _encode(response: _Response) -> bytes:
+    if response.content_type.startswith("application/json"):
+        return json.dumps(response.body, allow_nan=False).encode()
+    return str(response.body).encode()
+
+
+def serve(engine: Any, host: str = "127.0.0.1", port: int = 0, *, close_engine: bool = False) -> EngineServer:
+    """Serve ``engine`` on ``host:port`` (port 0: a free one) in a background thread; returns the running
+    :class:`EngineServer` (``.url``, ``.close()``). ``close_engine``: close the engine with the server."""
+    return EngineServer(engine, host, port, close_engine=close_engine)
