@@ -40,7 +40,7 @@ import torch
 from relax_gym.omni.cache import DecodeCache, default_cache
 from relax_gym.omni.parts import MEDIA_KINDS, Message, TextPart
 
-__all__ = ["Rendered", "TemplateNotAppendOnly", "check_append_only", "extend", "render", "to_template_dicts"]
+__all__ = ["Rendered", "TemplateNotAppendOnly", "check_append_only", "concat_media", "extend", "render", "to_template_dicts"]
 
 
 class TemplateNotAppendOnly(ValueError):
@@ -233,7 +233,7 @@ def _append(processor: Any, prev: Rendered, queue: list[Message], assistant_ids:
     return Rendered(
         input_ids=ids,
         loss_mask=mask,
-        mm=_concat(items),
+        mm=concat_media(items),
         num_media=counts,
         messages=tuple(msgs),
         text=text,
@@ -297,7 +297,9 @@ def _encode_segment(processor: Any, seg: str, loss: int, parts: Sequence[Any],
     return ids, mask, items
 
 
-def _concat(items: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def concat_media(items: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Per-key ``torch.cat`` along the first axis (keys in first-seen order): media tensors of several items, in
+    the order the model consumes them."""
     grouped: dict[str, list[torch.Tensor]] = {}
     for item in items:
         for key, tensor in item.items():

@@ -16,7 +16,7 @@ from relax_gym.omni.render import Rendered, render
 
 _ANSWER_LETTER = re.compile(r"<answer>\s*([A-Z])\s*</answer>")
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
-SHORT_THINK = "<think>I look.</think>"
+SHORT_THINK = "<think></think>"  # the shortest well-formed thought: fewer tokens to sample per episode
 
 
 def demonstration(env, processor, seed: int, rng: np.random.Generator, *, random_answers: bool = True, max_turns: int = 16) -> Rendered:

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from relax_gym.omni import Message, media_parts
-from relax_gym.omni.chat_json import to_openai
+from relax_gym.omni import Message
 from relax_gym.omni.render import Rendered, extend, render
+from relax_gym.trainer.engines.protocol import media_data
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +47,6 @@ class Trajectory:
         return self.status not in MASKED_STATUSES and sum(self.loss_mask) > 0
 
 
-def media_items(messages: list[Message]) -> dict[str, list[dict[str, Any]]]:
-    """Every media part of the conversation as SGLang-style ``*_data`` items: ``{"url": ..., "sampling": {...}}``."""
-    out: dict[str, list[dict[str, Any]]] = {"image_data": [], "video_data": [], "audio_data": []}
-    wrapped = to_openai([Message(role="user", content=tuple(media_parts(messages)))])[0]["content"]
-    for part in wrapped:
-        key = {"image_url": "image_data", "video_url": "video_data", "audio_url": "audio_data"}.get(part["type"])
-        if key is not None:
-            out[key].append({"url": part[part["type"]]["url"], "sampling": part["sampling"]})
-        elif part["type"] == "input_audio":
-            raw = part["input_audio"]
-            out["audio_data"].append({"url": f"data:audio/{raw['format']};base64,{raw['data']}", "sampling": part["sampling"]})
-    return out
-
-
 async def run_episode(env, client, processor, *, seed: int, group_id: int, sampling_params: dict[str, Any],
                       options: dict[str, Any] | None = None, max_turns: int | None = None) -> Trajectory:
     """Play one episode. ``env`` is a gymnasium env (stepped in a worker thread); ``client`` an EngineClient."""
@@ -78,7 +64,7 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
     done = False
     while not done:
         try:
-            out = await client.generate(rendered.input_ids, sampling_params=sampling_params, return_logprob=True, **media_items(conversation))
+            out = await client.generate(rendered.input_ids, sampling_params=sampling_params, return_logprob=True, **media_data(conversation))
         except Exception as exc:
             return _failed(traj, "engine_error", exc, rendered, logprobs)
         traj.turns += 1

@@ -21,7 +21,7 @@ def test_demonstrations_teach_format_not_labels():
     for seed in range(12):
         r = demonstration(env, processor, seed, rng)
         text = processor.decode([t for t, m in zip(r.input_ids, r.loss_mask) if m], skip_special_tokens=True)
-        assert text.startswith("<think>I look.</think><answer>") and text.endswith("</answer>")
+        assert text.startswith("<think></think><answer>") and text.endswith("</answer>")
         letters.add(text[-10])
     assert len(letters) >= 3  # random letters, not the gold ones
 

@@ -9,7 +9,8 @@ import pytest
 
 import relax_gym
 from relax_gym.trainer.policy import build_policy
-from relax_gym.trainer.rollout import media_items, run_episode
+from relax_gym.trainer.engines.protocol import media_data
+from relax_gym.trainer.rollout import run_episode
 
 
 @dataclass
@@ -88,5 +89,5 @@ def test_env_failure_masks_the_episode(processor, monkeypatch):
 def test_media_items_cover_every_kind():
     env = relax_gym.make("echo-ink")
     obs, _ = env.reset(seed=0)
-    items = media_items(obs)
-    assert len(items["image_data"]) == 1 and len(items["audio_data"]) == 1 and items["video_data"] == []
+    items = media_data(obs)
+    assert len(items["image_data"]) == 1 and len(items["audio_data"]) == 1 and "video_data" not in items

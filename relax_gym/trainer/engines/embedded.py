@@ -71,6 +71,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
+from relax_gym.omni.render import concat_media
 from relax_gym.trainer.engines.protocol import (
     EngineRequest,
     FinishReason,
@@ -208,14 +209,6 @@ class _RowStopper(StoppingCriteria):
             if reason is not None:
                 self.ends[b], self.reasons[b] = n, reason
         return torch.tensor([e is not None for e in self.ends], dtype=torch.bool, device=input_ids.device)
-
-
-def _concat(items: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    grouped: dict[str, list[torch.Tensor]] = {}
-    for item in items:
-        for key, tensor in item.items():
-            grouped.setdefault(key, []).append(tensor)
-    return {k: v[0] if len(v) == 1 else torch.cat(v, dim=0) for k, v in grouped.items()}
 
 
 def _finite(x: float) -> float | None:
@@ -611,7 +604,7 @@ class EmbeddedEngine:
         if bad_stop:
             raise EngineRequestError(f"{where}: sampling_params.stop_token_ids outside the vocabulary: {bad_stop[:5]}")
         stop_ids = frozenset(int(t) for t in sp.stop_token_ids or []) | (frozenset() if sp.ignore_eos else self.eos_token_ids)
-        return _Pending(req=req, input_ids=ids, mm=_concat(items), stop_ids=stop_ids, stop_strs=sp.stop_strings,
+        return _Pending(req=req, input_ids=ids, mm=concat_media(items), stop_ids=stop_ids, stop_strs=sp.stop_strings,
                         submitted=time.monotonic())
 
     def _encode_text(self, text: str) -> list[int]:

@@ -44,6 +44,7 @@ from PIL import Image
 from transformers import AutoTokenizer, BatchFeature, PreTrainedTokenizerBase, WhisperFeatureExtractor
 
 from relax_gym.omni.decode import DecodedAudio, DecodedVideo
+from relax_gym.omni.render import concat_media
 from relax_gym.trainer.policy.tokenizer import MEDIA_TOKENS
 
 __all__ = ["MEDIA_KEYS", "MediaEncoding", "OmniProcessor", "smart_resize"]
@@ -403,15 +404,6 @@ def audio_token_count(frames: int) -> int:
     """Placeholder tokens for ``frames`` mel frames: the audio tower's ``_get_feat_extract_output_lengths``."""
     after_cnn = (frames - 1) // 2 + 1
     return (after_cnn - 2) // 2 + 1
-
-
-def concat_media(items: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Per-key ``torch.cat`` along the first axis, keys in first-seen order; empty mappings are skipped."""
-    grouped: dict[str, list[torch.Tensor]] = {}
-    for item in items:
-        for key, tensor in item.items():
-            grouped.setdefault(key, []).append(tensor)
-    return {k: v[0] if len(v) == 1 else torch.cat(v, dim=0) for k, v in grouped.items()}
 
 
 def _fps_of(timestamps: np.ndarray) -> float | None:
