@@ -238,23 +238,27 @@ def _write_frames(
         container.close()
 
 
-def _encode_tone(
-    container: av.container.OutputContainer, stream: av.AudioStream, hz: float, seconds: float
-) -> None:
-    n = int(round(seconds * _AUDIO_SR))
-    t = np.arange(n, dtype=np.float64) / _AUDIO_SR
-    wave = (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+def encode_wave(container: av.container.OutputContainer, stream: av.AudioStream, wave: np.ndarray, rate: int) -> None:
+    """Encode planar float audio ``wave`` (channels, n) into ``stream`` in codec-sized frames, then flush."""
+    wave = np.ascontiguousarray(np.atleast_2d(wave), dtype=np.float32)
+    layout = "mono" if wave.shape[0] == 1 else "stereo"
     chunk = stream.codec_context.frame_size or 1024
-    for start in range(0, n, chunk):
-        piece = wave[start : start + chunk]
-        frame = av.AudioFrame.from_ndarray(piece.reshape(1, -1), format="fltp", layout="mono")
-        frame.sample_rate = _AUDIO_SR
+    for start in range(0, wave.shape[1], chunk):
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(wave[:, start : start + chunk]), format="fltp", layout=layout)
+        frame.sample_rate = rate
         frame.pts = start
-        frame.time_base = Fraction(1, _AUDIO_SR)
+        frame.time_base = Fraction(1, rate)
         for packet in stream.encode(frame):
             container.mux(packet)
     for packet in stream.encode():
         container.mux(packet)
+
+
+def _encode_tone(
+    container: av.container.OutputContainer, stream: av.AudioStream, hz: float, seconds: float
+) -> None:
+    t = np.arange(int(round(seconds * _AUDIO_SR)), dtype=np.float64) / _AUDIO_SR
+    encode_wave(container, stream, 0.3 * np.sin(2 * np.pi * hz * t), _AUDIO_SR)
 
 
 def write_moving_square_video(

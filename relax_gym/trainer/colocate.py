@@ -61,7 +61,7 @@ class ColocateTrainer:
         self.server = serve(self.engine, host=cfg.inference.host, port=0)
         self.sync_client = EngineClient(self.server.url)  # weight pushes, from the training thread
         self.client: AsyncEngineClient | None = None  # rollouts, made inside the running event loop
-        self.ref_model = None
+        self.ref_actor: HFActor | None = None  # frozen copy of the warmed-up policy, for the KL term
         self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard)
         self.version = 0
         self.rng = np.random.default_rng(cfg.trainer.seed)
@@ -145,9 +145,8 @@ class ColocateTrainer:
         if not items:
             return metrics
         ref = None
-        if cfg.algorithm.kl_coef > 0 and self.ref_model is not None:
-            ref_actor = HFActor(self.ref_model, self.processor, lr=1.0, micro_batch_size=cfg.actor.micro_batch_size)
-            ref = ref_actor.logprobs(items, cfg.algorithm.temperature)
+        if self.ref_actor is not None:
+            ref = self.ref_actor.logprobs(items, cfg.algorithm.temperature)
         metrics.update(self.actor.rl_step(items, adv[keep], cfg.algorithm, ref_logprobs=ref, epochs=cfg.actor.epochs_per_step))
         return metrics
 
@@ -170,7 +169,8 @@ class ColocateTrainer:
         await asyncio.to_thread(self.sft_warmup, demo_env)
         demo_env.close()
         if cfg.algorithm.kl_coef > 0:
-            self.ref_model = copy.deepcopy(self.model).eval()
+            ref_model = copy.deepcopy(self.model).eval()
+            self.ref_actor = HFActor(ref_model, self.processor, lr=1.0, micro_batch_size=cfg.actor.micro_batch_size)
         train_envs = self._envs(min(t.concurrency, t.prompts_per_step * t.group_size), cfg.env.kwargs)
         eval_envs = self._envs(min(t.concurrency, t.eval_episodes), {**cfg.env.kwargs, **cfg.env.eval_kwargs})
         last_eval = await self.evaluate(eval_envs)

@@ -10,6 +10,8 @@ import av
 import numpy as np
 import soundfile as sf
 
+from relax_gym.envs.synth import encode_wave
+
 INDEX_BITS = 8
 TONE_HZ = 440.0  # frequency of the AAC tone in the conftest clip_with_audio fixture
 
@@ -84,18 +86,8 @@ def write_aac(path: Path, wave: np.ndarray, rate: int, *, channels: int = 1) -> 
     stream = container.add_stream("aac", rate=rate)
     stream.layout = layout
     stream.codec_context.thread_count = 1
-    chunk = stream.codec_context.frame_size or 1024
     try:
-        for start in range(0, len(wave), chunk):
-            piece = np.ascontiguousarray(np.tile(wave[start : start + chunk], (channels, 1)), dtype=np.float32)
-            frame = av.AudioFrame.from_ndarray(piece, format="fltp", layout=layout)
-            frame.sample_rate = rate
-            frame.pts = start
-            frame.time_base = Fraction(1, rate)
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+        encode_wave(container, stream, np.tile(wave, (channels, 1)), rate)
     finally:
         container.close()
     return path

@@ -61,3 +61,15 @@ def test_bad_recipe_value_is_one_clear_error(tmp_path):
 def test_plot_of_a_non_run_dir_fails_clearly(tmp_path):
     result = CliRunner().invoke(app, ["plot", str(tmp_path)])
     assert result.exit_code == 1 and "no metrics" in " ".join(result.output.split())
+
+
+@pytest.mark.timeout(600)
+def test_kl_to_the_warmed_up_policy_is_computed_and_logged(tmp_path):
+    run_dir = tmp_path / "run"
+    nextqa = next(p for p in RECIPES if p.name == "cpu-nextqa.yaml")  # GRPO: every valid episode is trained on
+    args = ["train", str(nextqa), *SMALL, "algorithm.kl_coef=0.1", "metrics.tensorboard=false", "--run-dir", str(run_dir)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in steps if r["step"] >= 1 and r.get("episodes_trained")]
+    assert trained and all("kl_ref" in r and r["kl_ref"] >= 0 for r in trained)
