@@ -34,3 +34,25 @@ def nextqa_head_csv() -> Path:
     if not path.is_file():
         pytest.skip(f"reference NExT-QA rows not found at {path}")
     return path
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance for the whole test session (start-up costs 5-15 s and ~1.2 GB).
+
+    Logical CPUs are declared generously so TransferQueue's actors and Serve deployments (which mostly wait)
+    fit next to each other on a 2-core machine; auth is off for local tests only."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("TQ_NUM_THREADS", "2")
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 namespace="relax-gym-tests")
+    yield ray
+    try:
+        from ray import serve
+
+        serve.shutdown()
+    except Exception:  # noqa: BLE001 - Serve may never have started
+        pass
+    ray.shutdown()
