@@ -34,15 +34,27 @@ class HFActor:
     # -- log-probs ----------------------------------------------------------------------------------------
 
     def forward_logprobs(self, items: Sequence[Any], temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probs (B, T-1) of each next token, loss mask (B, T-1)) for a micro-batch of rendered sequences."""
+        """(log-probs (B, T-1) of each next token, loss mask (B, T-1)) for a micro-batch of rendered sequences.
+
+        Only the positions the loss reads (mask 1) get log-probs; the others hold 0. The output head runs on
+        those positions alone when the model exposes its body and head (``model.model`` / ``model.lm_head``, as
+        transformers' causal LMs do): a completion is a few tokens of a long multimodal prompt, so this skips
+        almost all of the (tokens x vocabulary) logits."""
         batch = self.processor.collate(items, padding_side="right")
-        mask = batch.pop("loss_mask")
-        input_ids = batch["input_ids"]
-        logits = self.model(**batch).logits[:, :-1]
+        mask = batch.pop("loss_mask")[:, 1:]
+        targets = batch["input_ids"][:, 1:]
+        where = mask.bool()
+        body, head = getattr(self.model, "model", None), getattr(self.model, "lm_head", None)
+        if body is not None and head is not None:
+            hidden = body(**batch, use_cache=False)[0][:, :-1]
+            logits = head(hidden[where])
+        else:
+            logits = self.model(**batch).logits[:, :-1][where]
         if len(self._blocked):
             logits = logits.index_fill(-1, self._blocked, float("-inf"))
-        lps = token_logprobs(logits, input_ids[:, 1:], temperature=temperature)
-        return lps, mask[:, 1:].to(lps.dtype)
+        picked = token_logprobs(logits, targets[where], temperature=temperature)
+        lps = torch.zeros(targets.shape, dtype=picked.dtype).masked_scatter(where, picked)
+        return lps, mask.to(lps.dtype)
 
     @torch.no_grad()
     def logprobs(self, items: Sequence[Any], temperature: float = 1.0) -> list[torch.Tensor]:
@@ -107,6 +119,76 @@ class HFActor:
         valid = [1.0 if sum(it.loss_mask[1:]) > 0 else 0.0 for it in items]
         total = sum(valid) or 1.0
         return [v / total for v in valid]
+
+    # -- streaming steps: micro-batches trained as they arrive, one optimiser step at the end -------------------
+
+    def begin_stream(self) -> None:
+        """Start a streamed step: gradients are accumulated by :meth:`stream_micro_batch` until :meth:`end_stream`."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._stream_weight = 0.0
+        self._stream_totals: dict[str, float] = {}
+
+    def stream_micro_batch(self, items: Sequence[Any], advantages: torch.Tensor, algo: AlgorithmConfig, *,
+                           ref_logprobs: list[torch.Tensor] | None = None,
+                           old_logprobs: list[torch.Tensor] | None = None,
+                           tis_cap: float | None = None) -> list[torch.Tensor]:
+        """Forward and backward one micro-batch of a streamed step; returns its log-probs (detached, one row per
+        item), which are the old log-probs of any later epoch over the same data.
+
+        The batch size is not known while data still arrives, so each micro-batch's loss is weighted by its raw
+        share (its tokens for ``token_mean``, its valid sequences otherwise) and :meth:`end_stream` divides the
+        summed gradients by the total: the same step as :meth:`rl_step` on the whole batch. ``tis_cap``
+        overrides ``algo.tis_cap`` (the async engine's cap for stale samples); with a cap the rollout log-probs
+        weight the policy gradient (truncated importance sampling)."""
+        items = list(items)
+        raw = self._raw_weights(items, algo.aggregation)
+        weight = sum(raw)
+        lps, mask = self.forward_logprobs(items, algo.temperature)
+        if weight == 0:
+            return [row for row in lps.detach()]
+        shape = lps.shape
+        old = lps.detach() if old_logprobs is None else _stack(old_logprobs, shape)
+        rollout = _stack([torch.tensor(it.rollout_logprobs[1:], dtype=lps.dtype) for it in items], shape)
+        ref = _stack(ref_logprobs, shape) if ref_logprobs is not None else None
+        kwargs = algo.loss_kwargs()
+        if tis_cap is not None:
+            kwargs["tis_cap"] = tis_cap
+        out = policy_loss(lps, old, advantages, mask, ref_logprobs=ref,
+                          rollout_logprobs=rollout if kwargs.get("tis_cap") else None, **kwargs)
+        (out.loss * weight).backward()
+        totals = self._stream_totals
+        for k, v in out.metrics.items():
+            totals[k] = totals.get(k, 0.0) + v * weight
+        totals["mismatch_kl"] = totals.get("mismatch_kl", 0.0) + weight * _mismatch(lps.detach(), rollout, mask)
+        self._stream_weight += weight
+        return [row for row in lps.detach()]
+
+    def end_stream(self) -> dict[str, float]:
+        """Finish a streamed step: normalise the accumulated gradients, clip, one optimiser step. Nothing to
+        learn from (no valid token arrived) means no step and no metrics."""
+        total = self._stream_weight
+        if total == 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            return {}
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.div_(total)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        metrics = {k: v / total for k, v in self._stream_totals.items()}
+        metrics["grad_norm"] = float(grad_norm)
+        return metrics
+
+    @staticmethod
+    def _raw_weights(items: Sequence[Any], aggregation: str) -> list[float]:
+        """Unnormalised loss shares (see :meth:`_shares`): tokens for ``token_mean``, valid sequences otherwise."""
+        if aggregation == "token_mean":
+            return [float(sum(it.loss_mask[1:])) for it in items]
+        return [1.0 if sum(it.loss_mask[1:]) > 0 else 0.0 for it in items]
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy a policy state dict into the model (the reference role loads the warmed-up policy this way)."""
+        self.model.load_state_dict(state)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.model.state_dict().items()}

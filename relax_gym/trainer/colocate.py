@@ -28,6 +28,7 @@ from relax_gym.trainer.algorithms import group_advantages, identical_reward_grou
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.demonstrations import demonstration
 from relax_gym.trainer.engines.client import AsyncEngineClient, EngineClient
+from relax_gym.trainer.engines.coalesce import CoalescingClient
 from relax_gym.trainer.engines.embedded import EmbeddedEngine
 from relax_gym.trainer.engines.http_server import serve
 from relax_gym.trainer.metrics import MetricsWriter
@@ -60,7 +61,7 @@ class ColocateTrainer:
         self.engine = EmbeddedEngine(engine_model, self.processor, max_batch=cfg.inference.max_batch)
         self.server = serve(self.engine, host=cfg.inference.host, port=0)
         self.sync_client = EngineClient(self.server.url)  # weight pushes, from the training thread
-        self.client: AsyncEngineClient | None = None  # rollouts, made inside the running event loop
+        self.client: CoalescingClient | None = None  # rollouts, made inside the running event loop
         self.ref_actor: HFActor | None = None  # frozen copy of the warmed-up policy, for the KL term
         self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard)
         self.version = 0
@@ -156,11 +157,13 @@ class ColocateTrainer:
         return asyncio.run(self._run())
 
     async def _run(self) -> dict[str, float]:
-        self.client = AsyncEngineClient(self.server.url)
+        raw = AsyncEngineClient(self.server.url)
+        # the episodes of a step call at once: one batch request instead of hundreds of single ones
+        self.client = CoalescingClient(raw, max_batch=self.cfg.inference.max_batch)
         try:
             return await self._loop()
         finally:
-            await self.client.aclose()
+            await raw.aclose()
 
     async def _loop(self) -> dict[str, float]:
         cfg, t = self.cfg, self.cfg.trainer

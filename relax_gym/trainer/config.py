@@ -4,8 +4,9 @@
 
 Sections: ``model`` (the policy), ``env`` (which env, its kwargs for training and for evaluation), ``algorithm``
 (GRPO / DAPO / GSPO / SFT and their knobs), ``inference`` (engine and sampling), ``actor`` (optimiser), ``trainer``
-(loop shape: steps, group sizes, evaluation, checkpoints), ``metrics``. Every model forbids unknown keys, so a typo
-is an error naming the key. Values that name parts not built yet (``trainer.mode: async``, ``actor.backend:
+(loop shape: steps, group sizes, evaluation, checkpoints, ``mode: colocate|async`` and ``max_staleness``), ``roles``
+(the async engine's deployments: replicas and CPU share per role, which data bus), ``metrics``. Every model forbids
+unknown keys, so a typo is an error naming the key. Values that name parts not built yet (``actor.backend:
 megatron``, ``inference.engine: sglang``) are refused by the schema rather than silently ignored.
 """
 
@@ -38,7 +39,7 @@ class InferenceSection(_Section):
     max_new_tokens: int = Field(default=16, ge=1)
     temperature: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    max_batch: int = Field(default=64, ge=1)
+    max_batch: int = Field(default=128, ge=1)  # requests per engine batch (and per coalesced HTTP request)
     host: str = "127.0.0.1"  # the engine's HTTP server binds loopback unless told otherwise
 
 
@@ -53,8 +54,9 @@ class ActorSection(_Section):
 
 
 class TrainerSection(_Section):
-    mode: Literal["colocate"] = "colocate"
-    max_staleness: int = Field(default=0, ge=0, le=0)  # async modes come with the async engine
+    mode: Literal["colocate", "async"] = "colocate"  # colocate: one process, synchronous; async: Ray Serve roles
+    max_staleness: int = Field(default=0, ge=0)  # S: a rollout for step k starts only while k - v_trained <= S
+    off_policy_tis_cap: float | None = Field(default=2.0, gt=1)  # async, S >= 1, algorithm.tis_cap unset: IS cap
     steps: int = Field(default=150, ge=0)
     prompts_per_step: int = Field(default=16, ge=1)
     group_size: int = Field(default=8, ge=1)
@@ -71,6 +73,32 @@ class TrainerSection(_Section):
     sft_random_answers: bool = True  # warm up the format only: demonstrations carry random letters
 
 
+class RoleSection(_Section):
+    """One role of the async engine (a Ray Serve deployment)."""
+
+    replicas: int = Field(default=1, ge=1)
+    num_cpus: float = Field(default=0.0, ge=0)  # Ray logical CPUs reserved per replica (0: a role that mostly waits)
+    torch_threads: int | None = Field(default=None, ge=1)  # torch intra-op threads per replica (None: torch's default)
+    max_ongoing_requests: int = Field(default=1024, ge=1)  # concurrent handle calls one replica accepts
+
+
+class RolesSection(_Section):
+    """The async engine's topology (``trainer.mode: async``); ignored in colocate mode."""
+
+    bus: Literal["transferqueue", "inprocess"] = "transferqueue"  # inprocess: one bus hosted in a Ray actor
+    env_worker: RoleSection = Field(default_factory=RoleSection)
+    inference: RoleSection = Field(default_factory=lambda: RoleSection(num_cpus=1.0, torch_threads=1))
+    reference: RoleSection = Field(default_factory=lambda: RoleSection(torch_threads=1))  # deployed when kl_coef > 0
+    advantages: RoleSection = Field(default_factory=RoleSection)
+    actor: RoleSection = Field(default_factory=lambda: RoleSection(num_cpus=1.0, torch_threads=1))
+
+    @model_validator(mode="after")
+    def _one_actor(self) -> RolesSection:
+        if self.actor.replicas != 1:
+            raise ValueError(f"roles.actor.replicas must be 1: the hf actor trains in one process (got {self.actor.replicas})")
+        return self
+
+
 class MetricsSection(_Section):
     tensorboard: bool = True
 
@@ -82,6 +110,7 @@ class RelaxConfig(_Section):
     inference: InferenceSection = Field(default_factory=InferenceSection)
     actor: ActorSection = Field(default_factory=ActorSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
+    roles: RolesSection = Field(default_factory=RolesSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
 
     @model_validator(mode="after")
@@ -93,6 +122,11 @@ class RelaxConfig(_Section):
                 f"algorithm.temperature ({self.algorithm.temperature}) must equal inference.temperature "
                 f"({self.inference.temperature}): training log-probs must use the sampling distribution"
             )
+        if self.trainer.mode == "colocate" and self.trainer.max_staleness != 0:
+            raise ValueError(f"trainer.max_staleness={self.trainer.max_staleness} needs trainer.mode=async "
+                             "(colocate is the synchronous baseline, S = 0)")
+        if self.trainer.mode == "async" and self.algorithm.name == "sft":
+            raise ValueError("trainer.mode=async runs RL algorithms; algorithm.name=sft has no rollouts to pipeline")
         return self
 
 

@@ -64,3 +64,28 @@ def test_rl_step_moves_the_decision_token_the_way_advantages_say():
     after = letter_logprobs()
     assert after[0] > before[0] and after[1] < before[1]
     assert m["grad_norm"] > 0 and m["mismatch_kl"] > 0  # rollout log-probs were zeros: a visible mismatch
+
+
+def test_logprobs_on_loss_positions_equal_a_full_forward():
+    """The head runs only where the loss reads; those log-probs equal a plain full-logits forward (right-padded
+    batch of different lengths, media included), and every other position is 0."""
+    from relax_gym.trainer.algorithms import token_logprobs
+
+    torch.manual_seed(0)
+    model, processor = build_policy()
+    actor = HFActor(model, processor, lr=1e-3, micro_batch_size=4)
+    rng = np.random.default_rng(0)
+    items = [demonstration(relax_gym.make(env_id), processor, s, rng) for s, env_id in enumerate(["nextqa-video", "echo-ink", "nextqa-video"])]
+    with torch.no_grad():
+        lps, mask = actor.forward_logprobs(items, temperature=0.7)
+        for i, r in enumerate(items):
+            batch = processor.collate([r], padding_side="right")
+            batch.pop("loss_mask")
+            logits = model(**batch).logits[0, :-1]
+            logits[:, sorted(processor.control_token_ids)] = float("-inf")
+            full = token_logprobs(logits, torch.tensor(r.input_ids[1:]), temperature=0.7)
+            on = torch.tensor(r.loss_mask[1:], dtype=torch.bool)
+            n = len(r.input_ids) - 1
+            assert mask[i, :n].bool().equal(on) and int(mask[i, n:].sum()) == 0
+            torch.testing.assert_close(lps[i, :n][on], full[on], atol=1e-5, rtol=0)
+            assert float(lps[i][~mask[i].bool()].abs().sum()) == 0.0
