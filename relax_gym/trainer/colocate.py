@@ -136,7 +136,8 @@ class ColocateTrainer:
             return metrics
         rewards = torch.tensor([t.reward for t in valid], dtype=torch.float32)
         groups = torch.tensor([t.group_id for t in valid], dtype=torch.long)
-        adv = group_advantages(rewards, groups, scale=cfg.algorithm.advantage_scale)
+        adv = group_advantages(rewards, groups, scale=cfg.algorithm.advantage_scale,
+                               negative_scale=cfg.algorithm.negative_advantage_scale)
         metrics["zero_adv_group_share"] = zero_advantage_share(rewards, groups)
         keep = torch.ones(len(valid), dtype=torch.bool)
         if cfg.algorithm.dynamic_sampling:

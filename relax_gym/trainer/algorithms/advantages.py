@@ -56,6 +56,7 @@ def group_advantages(
     *,
     scale: AdvantageScale = "std",
     eps: float = 1e-6,
+    negative_scale: float = 1.0,
 ) -> Tensor:
     """Per-sample group-relative advantage.
 
@@ -63,9 +64,16 @@ def group_advantages(
     (``unbiased=False``). ``scale="none"`` (Dr.GRPO): ``r - mean_g``, no division, which removes the bias towards
     groups with a small reward spread. Groups with identical rewards get exactly 0.
 
+    ``negative_scale`` multiplies the negative advantages only (1: unchanged; 0: learn from better-than-average
+    samples alone, as reward-ranked fine-tuning does). Below 1 the estimate is biased towards imitation of the
+    group's best samples, in exchange for a lower-variance step that does not push probability mass onto the
+    other, unsampled answers.
+
     Statistics are computed in float64 and the result is returned in the rewards' dtype (the default float dtype
     for integer rewards).
     """
+    if not 0.0 <= negative_scale <= 1.0:
+        raise ValueError(f"negative_scale must be in [0, 1], got {negative_scale}")
     if scale not in ("std", "none"):
         raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
     if eps < 0:
@@ -80,6 +88,8 @@ def group_advantages(
     if scale == "std":
         var = x.new_zeros(n_groups).index_add_(0, index, centred.square()) / n
         centred = centred / (var.sqrt()[index] + eps)
+    if negative_scale != 1.0:
+        centred = torch.where(centred < 0, centred * negative_scale, centred)
     same = _identical(x, index, n_groups)[index]
     return torch.where(same, torch.zeros_like(centred), centred).to(out_dtype)
 

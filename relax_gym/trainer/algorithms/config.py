@@ -54,6 +54,7 @@ class AlgorithmConfig(BaseModel):
     ratio_level: RatioLevel = "token"
     aggregation: Aggregation = "token_mean"
     advantage_scale: AdvantageScale = "std"
+    negative_advantage_scale: float = Field(default=1.0, ge=0, le=1)  # 0: learn from better-than-average samples only
     kl_coef: float = Field(default=0.0, ge=0)
     kl_kind: KLKind = "k3"
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal (DAPO)

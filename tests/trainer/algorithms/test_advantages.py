@@ -94,3 +94,17 @@ def test_zero_advantage_share_counts_groups_not_samples():
     assert zero_advantage_share(REWARDS, IDS) == 0.5  # ids 5 and 9 of {7, 2, 5, 9}
     assert zero_advantage_share(torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 1, 1])) == 1.0
     assert zero_advantage_share(torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0]), torch.tensor([0, 0, 1, 1, 1])) == 0.5
+
+
+def test_negative_scale_shrinks_only_negative_advantages():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.5, 0.5])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1])
+    full = group_advantages(rewards, groups)
+    half = group_advantages(rewards, groups, negative_scale=0.5)
+    zero = group_advantages(rewards, groups, negative_scale=0.0)
+    # group 0: mean 0.25, population std sqrt(3)/4 -> +sqrt(3) for the winner, -1/sqrt(3) for the others
+    assert full[0].item() == pytest.approx(3 ** 0.5, rel=1e-5) and full[1].item() == pytest.approx(-(3 ** -0.5), rel=1e-5)
+    assert half[0] == full[0] and torch.allclose(half[1:4], full[1:4] / 2)
+    assert zero[0] == full[0] and zero[1:4].eq(0).all() and zero[4:].eq(0).all()
+    with pytest.raises(ValueError, match="negative_scale"):
+        group_advantages(rewards, groups, negative_scale=1.5)
