@@ -9,6 +9,8 @@
 - :mod:`~relax_gym.trainer.engines.client`: :class:`EngineClient` / :class:`AsyncEngineClient` (httpx), speaking
   only the HTTP protocol, so they drive a real SGLang server too.
 - :mod:`~relax_gym.trainer.engines.weight_sync`: the trainer side of the distributed weight update.
+- :mod:`~relax_gym.trainer.engines.openai_api`: the OpenAI-compatible chat endpoint and its session recorder.
+- :mod:`~relax_gym.trainer.engines.process`: ``spawn_engine``, an engine server in a child process.
 
 Names are imported lazily (the engine pulls in transformers; the client does not).
 """
@@ -29,6 +31,10 @@ _EXPORTS = {
     "EngineHTTPError": "client",
     "EngineConnectionError": "client",
     "WeightUpdateGroup": "weight_sync",
+    "OpenAIAPI": "openai_api",
+    "SessionRecorder": "openai_api",
+    "EngineProcess": "process",
+    "spawn_engine": "process",
 }
 
 __all__ = sorted(_EXPORTS)

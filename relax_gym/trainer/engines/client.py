@@ -22,6 +22,7 @@ import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 import torch
@@ -234,13 +235,16 @@ class AsyncEngineClient:
 
     async def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], *,
                                               group_name: str = DEFAULT_GROUP_NAME, weight_version: str | None = None,
-                                              flush_cache: bool = True, abort_all_requests: bool = False) -> dict[str, Any]:
+                                              flush_cache: bool = True, abort_all_requests: bool = False,
+                                              load_format: str | None = None) -> dict[str, Any]:
         """Announce a broadcast; the trainer must broadcast the tensors meanwhile
-        (:func:`~relax_gym.trainer.engines.weight_sync.push_weights_distributed` does both)."""
+        (:func:`~relax_gym.trainer.engines.weight_sync.push_weights_distributed` does both). ``load_format``:
+        None for one broadcast per tensor, ``"flattened_bucket"`` for one broadcast of all their bytes."""
         return await self._json("POST", "/update_weights_from_distributed", _drop_none({
             "names": list(names), "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
             "shapes": [[int(s) for s in shape] for shape in shapes], "group_name": group_name,
-            "weight_version": weight_version, "flush_cache": flush_cache, "abort_all_requests": abort_all_requests}),
+            "weight_version": weight_version, "flush_cache": flush_cache, "abort_all_requests": abort_all_requests,
+            "load_format": load_format}),
             idempotent=False)
 
     async def destroy_weights_update_group(self, group_name: str = DEFAULT_GROUP_NAME) -> dict[str, Any]:
@@ -297,6 +301,31 @@ class AsyncEngineClient:
 
     async def get_server_info(self) -> dict[str, Any]:
         return await self._json("GET", "/get_server_info")
+
+    async def get_weight_version(self) -> str | None:
+        """The version the engine reports (``/get_weight_version``)."""
+        data = await self._json("GET", "/get_weight_version")
+        return data.get("weight_version") if isinstance(data, Mapping) else None
+
+    async def weights_checksum(self, names: Sequence[str] | None = None) -> dict[str, str]:
+        """SHA-256 digests of the engine's weights by name (our ``/get_weights_checksum``; embedded engine only)."""
+        data = await self._json("POST", "/get_weights_checksum", {"names": list(names) if names is not None else None})
+        return dict(data["checksums"])
+
+    # ------------------------------------------------------------------------------------------ recorded sessions
+
+    async def get_session(self, session_id: str) -> dict[str, Any]:
+        """The calls an agent made through ``/v1/chat/completions`` under ``session_id`` (embedded engine)."""
+        return await self._json("GET", f"/v1/relax/sessions/{quote(session_id, safe='')}")
+
+    async def delete_session(self, session_id: str) -> dict[str, Any]:
+        """Drop a consumed session from the engine's recorder."""
+        return await self._json("DELETE", f"/v1/relax/sessions/{quote(session_id, safe='')}")
+
+    async def list_sessions(self) -> dict[str, int]:
+        """Recorded session ids → call counts."""
+        data = await self._json("GET", "/v1/relax/sessions")
+        return {d["id"]: int(d["calls"]) for d in data.get("data", [])}
 
 
 class EngineClient:
@@ -382,3 +411,18 @@ class EngineClient:
 
     def get_server_info(self) -> dict[str, Any]:
         return self._run(self.aclient.get_server_info())
+
+    def get_weight_version(self) -> str | None:
+        return self._run(self.aclient.get_weight_version())
+
+    def weights_checksum(self, names: Sequence[str] | None = None) -> dict[str, str]:
+        return self._run(self.aclient.weights_checksum(names))
+
+    def get_session(self, session_id: str) -> dict[str, Any]:
+        return self._run(self.aclient.get_session(session_id))
+
+    def delete_session(self, session_id: str) -> dict[str, Any]:
+        return self._run(self.aclient.delete_session(session_id))
+
+    def list_sessions(self) -> dict[str, int]:
+        return self._run(self.aclient.list_sessions())

@@ -41,7 +41,10 @@ requests (their tokens so far are returned).
 
 **Weights.** :meth:`load_state_dict` (named tensors), :meth:`update_from_disk` (a ``save_policy`` /
 ``save_pretrained`` directory or a ``.safetensors`` file; never pickles) and the distributed path
-(:meth:`init_weights_update_group`, :meth:`update_weights_from_distributed`, gloo). Names are the model's
+(:meth:`init_weights_update_group`, :meth:`update_weights_from_distributed`: gloo, or nccl with the model on
+CUDA; one broadcast per tensor or SGLang's ``flattened_bucket`` format, one broadcast per call).
+:meth:`weights_checksum` gives SHA-256 digests of the current weights (a push can be checked bit for bit).
+Names are the model's
 ``state_dict`` keys or their checkpoint spellings (what ``save_pretrained`` writes, with or without the full
 Qwen2.5-Omni model's ``thinker.`` prefix; ``talker.`` / ``token2wav.`` tensors are skipped). An update is
 validated completely (names, shapes) before any tensor is copied, and applied between batches under the model
@@ -61,6 +64,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
@@ -82,7 +86,14 @@ from relax_gym.trainer.engines.protocol import (
     deserialize_named_tensors,
     parse_request,
 )
-from relax_gym.trainer.engines.weight_sync import DEFAULT_GROUP_NAME, WeightUpdateGroup, dtype_from_name
+from relax_gym.trainer.engines.weight_sync import (
+    DEFAULT_GROUP_NAME,
+    FLATTENED_BUCKET,
+    WeightUpdateGroup,
+    dtype_from_name,
+    tensor_digest,
+    unflatten_tensors,
+)
 
 __all__ = ["EmbeddedEngine", "EngineClosedError", "EngineRequestError"]
 
@@ -270,6 +281,7 @@ class EmbeddedEngine:
         self._model_lock = threading.RLock()
         self._tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to share between threads
         self._groups: dict[str, WeightUpdateGroup] = {}
+        self._recv_buffers: dict[str, torch.Tensor] = {}
         self._group_locks: dict[str, threading.Lock] = {}
         self._groups_lock = threading.Lock()
         self._stats = {"requests": 0, "batches": 0, "generate_calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
@@ -308,6 +320,39 @@ class EmbeddedEngine:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             out.append(p.future.result(timeout=left))
         return out[0] if single else out
+
+    def render(self, messages: Sequence[Any]) -> Any:
+        """Render a conversation (:class:`~relax_gym.omni.Message` list) with the engine's processor and media
+        cache, ending with the generation prompt (:func:`relax_gym.omni.render.render`). Media are decoded
+        first, outside the tokenizer lock; tokenisation runs under it."""
+        from relax_gym.omni.render import render
+
+        if self._cache is not None:
+            for message in messages:
+                for part in message.media():
+                    part.decode(self._cache)
+        with self._tokenizer_lock:
+            return render(list(messages), self.processor, cache=self._cache)
+
+    def generate_rendered(self, input_ids: Sequence[int], mm: Mapping[str, torch.Tensor] | None = None, *,
+                          sampling_params: SamplingParams | Mapping[str, Any] | None = None, return_logprob: bool = True,
+                          top_logprobs_num: int = 0, return_text_in_logprobs: bool = False, rid: str | None = None,
+                          timeout: float | None = None) -> GenerateResponse:
+        """One request whose media are already encoded: ``input_ids`` with each item's pad tokens expanded and
+        ``mm`` the concatenated media tensors, as :meth:`render` returns them (so nothing is decoded twice).
+        Same checks, batching and response as :meth:`generate`."""
+        try:
+            sp = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams.model_validate(dict(sampling_params or {}))
+        except ValueError as exc:
+            raise EngineRequestError(f"sampling_params: {exc}") from None
+        ids = [int(t) for t in input_ids]
+        req = EngineRequest(rid=rid or uuid.uuid4().hex, input_ids=ids, sampling_params=sp,
+                            return_logprob=return_logprob, top_logprobs_num=int(top_logprobs_num),
+                            return_text_in_logprobs=return_text_in_logprobs)
+        self._check_ids(req.where, ids)
+        pending = self._pending(req, ids, dict(mm or {}))
+        self._submit([pending])
+        return pending.future.result(timeout=timeout)
 
     def health_check(self, timeout: float = 20.0) -> bool:
         """A 1-token greedy generate (what SGLang's ``/health_generate`` runs). While paused it only checks that
@@ -360,6 +405,11 @@ class EmbeddedEngine:
     def flush_cache(self) -> bool:
         """No prefix / KV cache outlives a ``model.generate`` call here: nothing to flush; always succeeds."""
         return True
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights live."""
+        return self._device
 
     @property
     def weight_version(self) -> str:
@@ -471,27 +521,42 @@ class EmbeddedEngine:
 
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str = DEFAULT_GROUP_NAME, backend: str = "gloo") -> str:
-        """Join the trainer's weight-update group as rank ``rank_offset`` (blocks until all ranks meet)."""
-        if backend != "gloo":
-            raise EngineRequestError(f"backend {backend!r} is not available in the CPU embedded engine; use 'gloo'")
+        """Join the trainer's weight-update group as rank ``rank_offset`` (blocks until all ranks meet).
+        ``backend``: ``"gloo"``, or ``"nccl"`` when the model is on a CUDA device (tensors arrive on it)."""
+        if backend == "nccl" and self._device.type != "cuda":
+            raise EngineRequestError(f"backend 'nccl' needs the model on a CUDA device; this engine runs on "
+                                     f"{self._device} (use 'gloo')")
+        if backend not in ("gloo", "nccl"):
+            raise EngineRequestError(f"backend {backend!r} is not available in the embedded engine; use 'gloo' "
+                                     "(or 'nccl' with the model on CUDA)")
         with self._groups_lock:
             if group_name in self._groups:
                 raise EngineRequestError(f"weight update group {group_name!r} already exists (destroy it first)")
             self._group_locks.setdefault(group_name, threading.Lock())
-        group = WeightUpdateGroup(master_address, master_port, rank_offset, world_size, group_name=group_name,
-                                  backend=backend, timeout_s=self.dist_timeout_s)
+        try:
+            group = WeightUpdateGroup(master_address, master_port, rank_offset, world_size, group_name=group_name,
+                                      backend=backend, timeout_s=self.dist_timeout_s,
+                                      device=self._device if backend == "nccl" else None)
+        except (ValueError, RuntimeError) as exc:
+            raise EngineRequestError(f"could not join weight update group {group_name!r}: {exc}") from None
         with self._groups_lock:
             self._groups[group_name] = group
         return f"Joined weight update group {group_name!r} as rank {rank_offset} of {world_size}."
 
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
                                         group_name: str = DEFAULT_GROUP_NAME, *, weight_version: str | None = None,
-                                        abort_all_requests: bool = False) -> str:
-        """Receive ``len(names)`` broadcasts from rank 0 (in order, with the announced dtypes / shapes), then
-        apply them like :meth:`load_state_dict`. All announced tensors are received even when a name turns out
-        to be wrong (so the group stays in step); the error is raised after."""
+                                        abort_all_requests: bool = False, load_format: str | None = None) -> str:
+        """Receive the announced tensors from rank 0, then apply them like :meth:`load_state_dict`. By default
+        one broadcast per tensor (in order, with the announced dtypes / shapes); with
+        ``load_format="flattened_bucket"`` (SGLang's name) one broadcast of a ``uint8`` tensor holding all their
+        bytes back to back (:func:`~relax_gym.trainer.engines.weight_sync.unflatten_tensors`). Everything
+        announced is received even when a name turns out to be wrong (so the group stays in step); the error is
+        raised after."""
         if not len(names) == len(dtypes) == len(shapes):
             raise EngineRequestError("names, dtypes and shapes need the same length")
+        if load_format not in (None, "auto", FLATTENED_BUCKET):
+            raise EngineRequestError(f"load_format={load_format!r} is not supported for distributed updates "
+                                     f"(null for one broadcast per tensor, or {FLATTENED_BUCKET!r})")
         with self._groups_lock:
             group = self._groups.get(group_name)
             lock = self._group_locks.get(group_name)
@@ -501,17 +566,47 @@ class EmbeddedEngine:
             torch_dtypes = [dtype_from_name(d) for d in dtypes]
         except ValueError as exc:
             raise EngineRequestError(f"dtypes: {exc}") from None
-        received: list[tuple[str, torch.Tensor]] = []
-        with lock:
-            for name, dtype, shape in zip(names, torch_dtypes, shapes):
-                buf = torch.empty(tuple(int(s) for s in shape), dtype=dtype)
-                group.broadcast(buf, src=0)
-                received.append((name, buf))
-        return self.load_state_dict(received, weight_version=weight_version, abort_all_requests=abort_all_requests)
+        dims = [tuple(int(s) for s in shape) for shape in shapes]
+        with lock:  # one update per group at a time: the receive buffer is reused
+            if load_format == FLATTENED_BUCKET:
+                total = sum(torch.Size(d).numel() * torch.empty((), dtype=t).element_size() for t, d in zip(torch_dtypes, dims))
+                flat = self._receive_buffer(group_name, total, group.device)
+                group.broadcast(flat, src=0)
+                tensors = unflatten_tensors(flat, torch_dtypes, dims)
+            else:
+                tensors = []
+                for dtype, dim in zip(torch_dtypes, dims):
+                    tensors.append(group.broadcast(torch.empty(dim, dtype=dtype, device=group.device), src=0))
+            return self.load_state_dict(list(zip(names, tensors)), weight_version=weight_version,
+                                        abort_all_requests=abort_all_requests)
+
+    def _receive_buffer(self, group_name: str, nbytes: int, device: torch.device) -> torch.Tensor:
+        """A ``uint8`` buffer of ``nbytes`` for a flattened receive, kept per group and reused (touching fresh
+        memory for every bucket costs more than the copy itself); it grows to the largest bucket seen."""
+        buf = self._recv_buffers.get(group_name)
+        if buf is None or buf.numel() < nbytes or buf.device != device:
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            self._recv_buffers[group_name] = buf
+        return buf[:nbytes]
+
+    def weights_checksum(self, names: Sequence[str] | None = None) -> dict[str, str]:
+        """SHA-256 digests (:func:`~relax_gym.trainer.engines.weight_sync.tensor_digest`) of the current
+        weights, by the names given (state_dict keys or checkpoint spellings) or of every state_dict key.
+        Taken under the model lock (never mid-update). Unknown names are an :class:`EngineRequestError`."""
+        if names is None:
+            wanted = [(k, k) for k in self._state]
+        else:
+            unknown = [n for n in names if n not in self._names]
+            if unknown:
+                raise EngineRequestError(f"{len(unknown)} unknown tensor name(s): {list(unknown)[:5]}")
+            wanted = [(n, self._names[n]) for n in names]
+        with self._model_lock:
+            return {name: tensor_digest(self._state[key]) for name, key in wanted}
 
     def destroy_weights_update_group(self, group_name: str = DEFAULT_GROUP_NAME) -> str:
         with self._groups_lock:
             group = self._groups.pop(group_name, None)
+            self._recv_buffers.pop(group_name, None)
         if group is None:
             raise EngineRequestError(f"no weight update group {group_name!r}")
         group.destroy()
@@ -573,14 +668,9 @@ class EmbeddedEngine:
     def _prepare(self, req: EngineRequest) -> _Pending:
         """Validate one request and resolve its media (caller's thread). Raises :class:`EngineRequestError`."""
         where = req.where
-        sp = req.sampling_params
         from_text = req.input_ids is None
         ids = self._encode_text(req.text or "") if from_text else list(req.input_ids or [])
-        if not ids:
-            raise EngineRequestError(f"{where}: the prompt is empty")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise EngineRequestError(f"{where}: input_ids hold ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        self._check_ids(where, ids)
         items: list[dict[str, torch.Tensor]] = []
         for kind in ("image", "video", "audio"):
             given = req.media.get(kind, [])
@@ -597,6 +687,18 @@ class EmbeddedEngine:
                     f"{where}: input_ids hold {count} {token} pad token(s) but {kind}_data gives {len(encodings)} "
                     f"item(s) that expand to {expanded}: the media does not match the prompt")
             items.extend(dict(e.tensors) for e in encodings)
+        return self._pending(req, ids, concat_media(items))
+
+    def _check_ids(self, where: str, ids: Sequence[int]) -> None:
+        if not ids:
+            raise EngineRequestError(f"{where}: the prompt is empty")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise EngineRequestError(f"{where}: input_ids hold ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+
+    def _pending(self, req: EngineRequest, ids: list[int], mm: dict[str, torch.Tensor]) -> _Pending:
+        """The checks every request passes once its prompt and media tensors are known (lengths, stop ids)."""
+        where, sp = req.where, req.sampling_params
         if self.max_positions is not None and len(ids) + sp.max_new_tokens > self.max_positions:
             raise EngineRequestError(f"{where}: prompt ({len(ids)} tokens) + max_new_tokens ({sp.max_new_tokens}) exceeds "
                                      f"the model's {self.max_positions} positions")
@@ -604,7 +706,7 @@ class EmbeddedEngine:
         if bad_stop:
             raise EngineRequestError(f"{where}: sampling_params.stop_token_ids outside the vocabulary: {bad_stop[:5]}")
         stop_ids = frozenset(int(t) for t in sp.stop_token_ids or []) | (frozenset() if sp.ignore_eos else self.eos_token_ids)
-        return _Pending(req=req, input_ids=ids, mm=concat_media(items), stop_ids=stop_ids, stop_strs=sp.stop_strings,
+        return _Pending(req=req, input_ids=ids, mm=mm, stop_ids=stop_ids, stop_strs=sp.stop_strings,
                         submitted=time.monotonic())
 
     def _encode_text(self, text: str) -> list[int]:

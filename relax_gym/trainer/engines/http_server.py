@@ -29,13 +29,23 @@ Endpoints (request bodies: :mod:`~relax_gym.trainer.engines.protocol`; responses
                                                     "preferred_sampling_params", "weight_version"}``
 ``/get_weight_version``                     GET     ``{"weight_version"}``
 ``/get_server_info``                        GET     engine settings and batching statistics (our fields)
+``/get_weights_checksum``                   GET/    ``{"weight_version", "algorithm": "sha256", "checksums":
+                                            POST    {name: hex}}`` (ours; body ``{"names": [...]}`` or none)
+``/v1/chat/completions``                    POST    OpenAI chat completion, recorded by session
+                                                    (:mod:`~relax_gym.trainer.engines.openai_api`)
+``/v1/models``                              GET     the served model
+``/v1/relax/sessions``                      GET     recorded session ids and call counts
+``/v1/relax/sessions/{id}``                 GET/    a session's recorded calls / drop it
+                                            DELETE
 ==========================================  ======  ============================================================
 
 Errors: invalid JSON or a body that fails its schema → 400 ``{"object": "error", "message": "<field>: <why>",
 "type": "BadRequest", "code": 400}`` (the field path first); a refused request (media / prompt mismatch, an
 unknown tensor name, ...) → 400 with the reason (weight endpoints answer ``{"success": false, "message"}`` with
 400, as SGLang); an engine failure → 500 with the exception's message; an unknown path → 404, a known path with
-another method → 405. A handler never lets an exception escape: the server keeps serving.
+another method → 405. A handler never lets an exception escape: the server keeps serving. The ``/v1`` routes
+answer errors in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``. This module only routes;
+the OpenAI logic lives in :mod:`~relax_gym.trainer.engines.openai_api` (``server.openai``).
 
 Loopback by default. The server reads ``file://`` / path media items from its own filesystem: bind it to another
 interface only on a trusted network.
@@ -50,7 +60,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from relax_gym.trainer.engines.protocol import (
     ContinueGenerationReqInput,
@@ -63,8 +73,10 @@ from relax_gym.trainer.engines.protocol import (
     UpdateWeightsFromDistributedReqInput,
     UpdateWeightsFromTensorReqInput,
     UpdateWeightVersionReqInput,
+    WeightsChecksumReqInput,
     parse_request,
 )
+from relax_gym.trainer.engines.weight_sync import FLATTENED_BUCKET
 
 __all__ = ["EngineServer", "serve"]
 
@@ -83,8 +95,10 @@ class _HTTPError(Exception):
 
 
 class _Response:
-    def __init__(self, status: int, body: Any, content_type: str = "application/json") -> None:
+    def __init__(self, status: int, body: Any, content_type: str = "application/json",
+                 headers: dict[str, str] | None = None) -> None:
         self.status, self.body, self.content_type = status, body, content_type
+        self.headers = headers or {}
 
 
 def _json(body: Any, status: int = 200) -> _Response:
@@ -96,11 +110,17 @@ def _text(body: str, status: int = 200) -> _Response:
 
 
 class EngineServer:
-    """A running server: ``.url`` (``http://host:port``), ``.close()``; a context manager."""
+    """A running server: ``.url`` (``http://host:port``), ``.close()``; a context manager. ``.openai`` is the
+    :class:`~relax_gym.trainer.engines.openai_api.OpenAIAPI` behind the ``/v1`` routes (``.openai.recorder``
+    holds the recorded sessions); ``model_name`` is the name ``/v1/models`` lists."""
 
-    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, *, close_engine: bool = False) -> None:
+    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, *, close_engine: bool = False,
+                 model_name: str | None = None) -> None:
+        from relax_gym.trainer.engines.openai_api import OpenAIAPI
+
         self.engine = engine
         self.close_engine = close_engine
+        self.openai = OpenAIAPI(engine, model_name=model_name)
         self._routes = self._build_routes()
         handler = type("EngineRequestHandler", (_Handler,), {"server_ref": self})
         self._httpd = _Server((host, port), handler)
@@ -151,9 +171,12 @@ class EngineServer:
             "/get_model_info": (("GET",), self._model_info),
             "/get_weight_version": (("GET",), self._weight_version),
             "/get_server_info": (("GET",), self._server_info),
+            "/get_weights_checksum": (("GET", "POST"), self._weights_checksum),
         }
 
-    def dispatch(self, method: str, path: str, body: Any) -> _Response:
+    def dispatch(self, method: str, path: str, body: Any, headers: Any = None) -> _Response:
+        if path.startswith("/v1/"):
+            return self._dispatch_openai(method, path, body, headers)
         route = self._routes.get(path)
         if route is None:
             raise _HTTPError(404, f"no endpoint {path!r}")
@@ -161,6 +184,37 @@ class EngineServer:
         if method not in methods:
             raise _HTTPError(405, f"{path} takes {' or '.join(methods)}, not {method}")
         return fn(body)
+
+    def _dispatch_openai(self, method: str, path: str, body: Any, headers: Any) -> _Response:
+        from relax_gym.trainer.engines.openai_api import OpenAIError
+
+        api = self.openai
+        sessions = "/v1/relax/sessions"
+        try:
+            if path == "/v1/chat/completions":
+                self._method(method, path, "POST")
+                response, extra = api.chat_completions(body, headers)
+                return _Response(200, response, headers=extra)
+            if path == "/v1/models":
+                self._method(method, path, "GET")
+                return _json(api.models())
+            if path == sessions:
+                self._method(method, path, "GET")
+                return _json(api.list_sessions())
+            if path.startswith(sessions + "/"):
+                session_id = unquote(path[len(sessions) + 1:])
+                self._method(method, path, "GET", "DELETE")
+                return _json(api.get_session(session_id) if method == "GET" else api.delete_session(session_id))
+            raise OpenAIError(404, f"no endpoint {path!r}", kind="not_found_error")
+        except OpenAIError as exc:
+            return _json(exc.to_json(), exc.status)
+
+    @staticmethod
+    def _method(method: str, path: str, *allowed: str) -> None:
+        from relax_gym.trainer.engines.openai_api import OpenAIError
+
+        if method not in allowed:
+            raise OpenAIError(405, f"{path} takes {' or '.join(allowed)}, not {method}")
 
     @staticmethod
     def _parse(model: type, body: Any) -> Any:
@@ -233,7 +287,7 @@ class EngineServer:
         req = self._parse(UpdateWeightsFromDistributedReqInput, body)
         return self._weights(lambda: self.engine.update_weights_from_distributed(
             req.names, req.dtypes, req.shapes, group_name=req.group_name, weight_version=req.weight_version,
-            abort_all_requests=req.abort_all_requests), req.weight_version)
+            abort_all_requests=req.abort_all_requests, load_format=req.load_format), req.weight_version)
 
     def _destroy_group(self, body: Any) -> _Response:
         req = self._parse(DestroyWeightsUpdateGroupReqInput, body)
@@ -258,8 +312,19 @@ class EngineServer:
         return _json({
             "engine": "relax_gym.embedded", "max_batch": self.engine.max_batch,
             "batch_window_s": self.engine.batch_window_s, "weight_version": self.engine.weight_version,
-            "stats": self.engine.stats(),
+            "stats": self.engine.stats(), "weight_update_load_formats": [FLATTENED_BUCKET],
+            "weight_update_backends": ["gloo", "nccl"] if str(getattr(self.engine, "device", "cpu")).startswith("cuda") else ["gloo"],
         })
+
+    def _weights_checksum(self, body: Any) -> _Response:
+        from relax_gym.trainer.engines.embedded import EngineRequestError
+
+        req = self._parse(WeightsChecksumReqInput, body)
+        try:
+            checksums = self.engine.weights_checksum(req.names)
+        except EngineRequestError as exc:
+            raise _HTTPError(400, str(exc)) from None
+        return _json({"weight_version": self.engine.weight_version, "algorithm": "sha256", "checksums": checksums})
 
 
 class _Server(ThreadingHTTPServer):
@@ -272,6 +337,8 @@ class _Handler(BaseHTTPRequestHandler):
     server_ref: EngineServer
     protocol_version = "HTTP/1.1"
     server_version = "relax-gym-embedded-engine"
+    # headers and body go out as two writes; with Nagle on, the body waits for the client's delayed ACK (~40 ms)
+    disable_nagle_algorithm = True
 
     def do_GET(self) -> None:  # noqa: N802 - http.server naming
         self._handle("GET")
@@ -282,32 +349,37 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:  # noqa: N802
         self._handle("PUT")
 
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._handle("DELETE")
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         logger.debug("%s - %s", self.address_string(), format % args)
 
     def _handle(self, method: str) -> None:
+        path = urlsplit(self.path).path.rstrip("/") or "/"
         try:
-            path = urlsplit(self.path).path.rstrip("/") or "/"
             try:
                 body = self._read_body()
             except _HTTPError:
                 self.close_connection = True  # the rest of the body may still be on the wire
                 raise
-            response = self.server_ref.dispatch(method, path, body)
+            response = self.server_ref.dispatch(method, path, body, self.headers)
             payload = _encode(response)
         except _HTTPError as exc:
-            response = _json({"object": "error", "message": exc.message, "type": exc.kind, "param": None, "code": exc.status}, exc.status)
+            response = _json(_error_body(path, exc.status, exc.message, exc.kind), exc.status)
             payload = _encode(response)
         except Exception as exc:  # noqa: BLE001 - an engine failure is a 500, never a dead handler
             logger.exception("engine request failed")
             status = int(getattr(exc, "status_code", 500) or 500)
-            response = _json({"object": "error", "message": f"{type(exc).__name__}: {exc}",
-                              "type": HTTPStatus(status).phrase.replace(" ", ""), "param": None, "code": status}, status)
+            response = _json(_error_body(path, status, f"{type(exc).__name__}: {exc}",
+                                         HTTPStatus(status).phrase.replace(" ", "")), status)
             payload = _encode(response)
         try:
             self.send_response(response.status)
             self.send_header("Content-Type", response.content_type)
             self.send_header("Content-Length", str(len(payload)))
+            for name, value in response.headers.items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(payload)
         except (BrokenPipeError, ConnectionResetError):
@@ -350,13 +422,23 @@ class _Handler(BaseHTTPRequestHandler):
             parts.append(self.rfile.read(size))
             self.rfile.readline()
 
+def _error_body(path: str, status: int, message: str, kind: str) -> dict[str, Any]:
+    """SGLang's error shape, or OpenAI's for the ``/v1`` routes."""
+    if path.startswith("/v1/"):
+        return {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
+                          "param": None, "code": status}}
+    return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+
+
 def _encode(response: _Response) -> bytes:
     if response.content_type.startswith("application/json"):
         return json.dumps(response.body, allow_nan=False).encode()
     return str(response.body).encode()
 
 
-def serve(engine: Any, host: str = "127.0.0.1", port: int = 0, *, close_engine: bool = False) -> EngineServer:
+def serve(engine: Any, host: str = "127.0.0.1", port: int = 0, *, close_engine: bool = False,
+          model_name: str | None = None) -> EngineServer:
     """Serve ``engine`` on ``host:port`` (port 0: a free one) in a background thread; returns the running
-    :class:`EngineServer` (``.url``, ``.close()``). ``close_engine``: close the engine with the server."""
-    return EngineServer(engine, host, port, close_engine=close_engine)
+    :class:`EngineServer` (``.url``, ``.close()``, ``.openai``). ``close_engine``: close the engine with the
+    server; ``model_name``: the name ``/v1/models`` lists."""
+    return EngineServer(engine, host, port, close_engine=close_engine, model_name=model_name)

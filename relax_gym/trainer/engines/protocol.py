@@ -53,7 +53,7 @@ __all__ = [
     "FlushCacheReqInput", "GenerateReqInput", "GenerateResponse", "InitWeightsUpdateGroupReqInput", "MediaItem",
     "MetaInfo", "PauseGenerationReqInput", "SamplingParams", "SuccessResponse", "UpdateWeightFromDiskReqInput",
     "UpdateWeightVersionReqInput", "UpdateWeightsFromDistributedReqInput", "UpdateWeightsFromTensorReqInput",
-    "deserialize_named_tensors", "format_validation_error", "media_data", "media_item", "serialize_named_tensors",
+    "WeightsChecksumReqInput", "deserialize_named_tensors", "format_validation_error", "media_data", "media_item", "serialize_named_tensors",
 ]
 
 MEDIA_FIELDS: dict[str, str] = {"image_data": "image", "video_data": "video", "audio_data": "audio"}
@@ -599,6 +599,12 @@ class UpdateWeightsFromDistributedReqInput(_Req):
 
 class DestroyWeightsUpdateGroupReqInput(_Req):
     group_name: str = DEFAULT_GROUP_NAME
+
+
+class WeightsChecksumReqInput(_Req):
+    """Our ``/get_weights_checksum`` body: digests of these tensors (null: every state_dict tensor)."""
+
+    names: list[str] | None = None
 
 
 class UpdateWeightVersionReqInput(_Req):

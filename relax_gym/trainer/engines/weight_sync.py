@@ -4,13 +4,17 @@ A weight-update group is a process group of ``world_size`` ranks outside the def
 rank 0, each engine joins as rank ``rank_offset`` (the embedded engine has one tensor-parallel rank). The group
 meets through a ``TCPStore`` served by rank 0 at ``master_address:master_port`` (keys under ``group_name/``).
 For each ``update_weights_from_distributed`` call the engine receives, in the order of ``names``, one broadcast
-from rank 0 per tensor, allocated with the announced ``dtypes`` / ``shapes``.
+from rank 0 per tensor, allocated with the announced ``dtypes`` / ``shapes`` -- or, with SGLang's
+``load_format="flattened_bucket"``, a single broadcast of one ``uint8`` tensor holding every announced tensor's
+bytes back to back in that order (:func:`flatten_tensors` / :func:`unflatten_tensors`). Senders keep one dtype
+per flattened call, so every tensor starts at a multiple of its element size and is read back as a view.
 
-Only the ``gloo`` backend is built here (CPU tensors). The group is created from public torch classes
-(``TCPStore``, ``PrefixStore``, ``ProcessGroupGloo``) and used directly, without registering it as a default or
-``new_group`` group, so a process can hold it next to its own default group. A trainer must build its end with
-:class:`WeightUpdateGroup` too: SGLang's own helper goes through torch-internal group helpers whose store key
-layout is not guaranteed to match.
+Backends: ``gloo`` (CPU tensors) and ``nccl`` (CUDA tensors; refused with a clear error where CUDA or NCCL is
+missing). The group is created from public torch classes (``TCPStore``, ``PrefixStore``, ``ProcessGroupGloo`` /
+``ProcessGroupNCCL``) and used directly, without registering it as a default or ``new_group`` group, so a
+process can hold it next to its own default group. A trainer must build its end with :class:`WeightUpdateGroup`
+too: SGLang's own helper goes through torch-internal group helpers whose store key layout is not guaranteed to
+match.
 
 Trainer side, against an engine behind :mod:`~relax_gym.trainer.engines.http_server`::
 
@@ -22,16 +26,23 @@ Trainer side, against an engine behind :mod:`~relax_gym.trainer.engines.http_ser
 from __future__ import annotations
 
 import datetime
+import hashlib
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["WeightUpdateGroup", "dtype_from_name", "dtype_name", "init_weights_update_group_pair", "push_weights_distributed"]
+__all__ = [
+    "BACKENDS", "FLATTENED_BUCKET", "WeightUpdateGroup", "check_backend", "dtype_from_name", "dtype_name",
+    "flatten_tensors", "init_weights_update_group_pair", "push_weights_distributed", "tensor_digest",
+    "unflatten_tensors",
+]
 
 DEFAULT_GROUP_NAME = "weight_update_group"
+FLATTENED_BUCKET = "flattened_bucket"  # SGLang's load_format for one broadcast per call
+BACKENDS = ("gloo", "nccl")
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -48,13 +59,27 @@ def dtype_from_name(name: str) -> torch.dtype:
     return value
 
 
+def check_backend(backend: str) -> None:
+    """Raise a ``ValueError`` / ``RuntimeError`` saying why ``backend`` cannot build a group in this process:
+    an unknown name, or ``nccl`` without CUDA / without NCCL in this torch build."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not supported for weight updates (choose from {', '.join(BACKENDS)})")
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise RuntimeError("backend 'nccl' needs CUDA, but torch.cuda.is_available() is False on this machine "
+                               "(use 'gloo' -- the tcp transport -- or the disk transport)")
+        if not dist.is_nccl_available():
+            raise RuntimeError("backend 'nccl' needs a torch build with NCCL; this one has none (use 'gloo')")
+
+
 class WeightUpdateGroup:
-    """One end of a weight-update process group (see the module doc). ``rank`` 0 serves the store."""
+    """One end of a weight-update process group (see the module doc). ``rank`` 0 serves the store.
+    ``backend="nccl"`` needs CUDA (``device``: the CUDA device this rank uses; the current one by default)."""
 
     def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, *,
-                 group_name: str = DEFAULT_GROUP_NAME, backend: str = "gloo", timeout_s: float = 60.0) -> None:
-        if backend != "gloo":
-            raise ValueError(f"backend {backend!r} is not available here: the CPU weight-update group uses 'gloo'")
+                 group_name: str = DEFAULT_GROUP_NAME, backend: str = "gloo", timeout_s: float = 60.0,
+                 device: torch.device | str | None = None) -> None:
+        check_backend(backend)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
         self.master_address, self.master_port = master_address, int(master_port)
@@ -64,21 +89,33 @@ class WeightUpdateGroup:
         self._store = dist.TCPStore(master_address, self.master_port, world_size, is_master=(rank == 0),
                                     timeout=timeout, wait_for_workers=False)
         prefix = dist.PrefixStore(f"{group_name}/", self._store)
+        if backend == "nccl":
+            self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.set_device(self.device)
+            nccl_options = dist.ProcessGroupNCCL.Options()
+            nccl_options._timeout = timeout
+            self._pg: Any = dist.ProcessGroupNCCL(prefix, self.rank, self.world_size, nccl_options)
+            return
+        self.device = torch.device("cpu")
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
         if master_address in _LOOPBACK:
             options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
         else:
             options._devices = [dist.ProcessGroupGloo.create_default_device()]
-        self._pg: Any = dist.ProcessGroupGloo(prefix, self.rank, self.world_size, options)
+        self._pg = dist.ProcessGroupGloo(prefix, self.rank, self.world_size, options)
 
-    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-        """Broadcast ``tensor`` (CPU, contiguous) from ``src`` in place; returns it."""
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, *, async_op: bool = False) -> Any:
+        """Broadcast ``tensor`` (contiguous; CPU for gloo, CUDA for nccl) from ``src`` in place. Returns the
+        tensor, or with ``async_op`` the pending work (``.is_completed()``, ``.wait()``)."""
         if self._pg is None:
             raise RuntimeError(f"weight update group {self.group_name!r} was destroyed")
         options = dist.BroadcastOptions()
         options.rootRank = int(src)
-        self._pg.broadcast([tensor], options).wait()
+        work = self._pg.broadcast([tensor], options)
+        if async_op:
+            return work
+        work.wait()
         return tensor
 
     def barrier(self) -> None:
@@ -102,6 +139,56 @@ class WeightUpdateGroup:
     def __repr__(self) -> str:
         return (f"WeightUpdateGroup({self.group_name!r}, rank {self.rank}/{self.world_size}, "
                 f"{self.master_address}:{self.master_port}, {'alive' if self.alive else 'destroyed'})")
+
+
+def flatten_tensors(tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+    """The bytes of ``tensors`` back to back in one contiguous ``uint8`` tensor (on the tensors' device), the
+    payload of one ``flattened_bucket`` broadcast. ``out``: a ``uint8`` buffer at least that long to write into
+    (reusing one avoids touching fresh memory on every call); the result is then its leading slice."""
+    if not tensors:
+        raise ValueError("cannot flatten an empty list of tensors")
+    parts = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
+    if out is None:
+        return torch.cat(parts)
+    total = sum(p.numel() for p in parts)
+    if out.dtype != torch.uint8 or out.numel() < total:
+        raise ValueError(f"out must be a uint8 tensor of at least {total} elements")
+    if out.device.type != "cpu" or any(p.device.type != "cpu" for p in parts):
+        return torch.cat(parts, out=out[:total])
+    # on CPU a plain memcpy per tensor: torch's threaded copy stalls when its threads compete for busy cores
+    dst, offset = out.numpy(), 0
+    for part in parts:
+        n = part.numel()
+        dst[offset:offset + n] = part.numpy()
+        offset += n
+    return out[:total]
+
+
+def unflatten_tensors(flat: torch.Tensor, dtypes: Sequence[torch.dtype], shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Inverse of :func:`flatten_tensors`: tensors of the given dtypes / shapes read from ``flat`` (``uint8``),
+    views where the offset is aligned to the element size, copies otherwise. ``ValueError`` when the sizes
+    do not add up to ``flat``'s length."""
+    sizes = [torch.Size(tuple(int(x) for x in shape)).numel() * torch.empty((), dtype=dtype).element_size()
+             for dtype, shape in zip(dtypes, shapes)]
+    if sum(sizes) != flat.numel():
+        raise ValueError(f"the announced tensors take {sum(sizes)} bytes, the flattened bucket holds {flat.numel()}")
+    out, offset = [], 0
+    for dtype, shape, size in zip(dtypes, shapes, sizes):
+        chunk = flat[offset:offset + size]
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if offset % itemsize:
+            chunk = chunk.clone()
+        out.append(chunk.view(dtype).reshape(tuple(int(x) for x in shape)))
+        offset += size
+    return out
+
+
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """SHA-256 (hex) of a tensor's dtype, shape and raw bytes: equal digests mean bit-identical tensors."""
+    t = tensor.detach().to("cpu").contiguous()
+    h = hashlib.sha256(f"{dtype_name(t.dtype)}{list(t.shape)}".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:

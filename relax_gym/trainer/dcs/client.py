@@ -1,0 +1,380 @@
+"""The DCS client: the actor pushes its weights to every engine; each engine goes through pause → load → flush →
+continue.
+
+Actor side::
+
+    coordinator = DCSCoordinator(["http://10.0.0.5:30000", "http://10.0.0.6:30000"], bucket_mb=256, transport="tcp")
+    dcs = DCSClient(coordinator, names=checkpoint_names(model))
+    report = dcs.push(actor.state_dict(), version=step)       # PushReport(bytes, seconds, buckets, transport, ...)
+    dcs.close()
+
+Engine side, :class:`EngineLink` drives one engine through SGLang's HTTP protocol (so a real SGLang server and
+the embedded engine are handled alike): ``/pause_generation`` (``pause_mode``, ``"retract"`` by default: no
+request runs on a half-loaded model and SGLang can then flush its cache), the transport's loading calls
+(``/update_weights_from_distributed`` bucket by bucket or ``/update_weights_from_disk``; the last one carries the
+new ``weight_version``), ``/flush_cache``, ``/continue_generation``, and a ``/get_weight_version`` check that the
+engine reports the pushed version.
+
+Failure rules: a push either completes on every engine and :meth:`DCSCoordinator.commit
+<relax_gym.trainer.dcs.coordinator.DCSCoordinator.commit>` records the version, or it raises one
+:class:`DCSPushError` naming the engine that failed and the step, and the coordinator's version stays as it was.
+If the failure came before any weights moved (an engine that cannot be reached is found at the pause step), the
+engines that had been paused are resumed. If it came while loading, the engines may hold a mix of old and new
+tensors: they are left paused, so nothing is generated from mixed weights, until a later push completes (or the
+caller resumes them with :meth:`DCSClient.resume`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import torch
+
+from relax_gym.trainer.dcs.coordinator import (
+    DCSCoordinator,
+    EngineInfo,
+    PushPlan,
+    TensorMeta,
+    Version,
+    WeightMetadata,
+    renamer,
+)
+from relax_gym.trainer.dcs.transports import Transport, make_transport
+from relax_gym.trainer.engines.client import EngineClient, EngineError
+
+__all__ = ["DCSClient", "DCSEngineError", "DCSError", "DCSPushError", "EngineLink", "PushReport"]
+
+
+class DCSError(RuntimeError):
+    """A DCS operation could not be done (bad input, no engines, ...)."""
+
+
+class DCSEngineError(DCSError):
+    """One engine failed one step; ``url`` names it, ``step`` the protocol call, ``cause`` what went wrong."""
+
+    def __init__(self, url: str, step: str, cause: BaseException | str) -> None:
+        self.url, self.step, self.cause = url, step, cause
+        self.reason = str(cause).replace(url, "") or type(cause).__name__  # the URL is said once, up front
+        super().__init__(f"engine {url}: {step} failed: {self.reason}")
+
+
+class DCSPushError(DCSError):
+    """A push did not complete. ``url`` / ``step``: the failing engine (None when the actor's side failed) and
+    call; ``version``: the version that was being pushed; ``paused``: engines left paused."""
+
+    def __init__(self, message: str, *, url: str | None, step: str, version: Version, paused: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.url, self.step, self.version, self.paused = url, step, version, tuple(paused)
+
+
+@dataclass(frozen=True)
+class PushReport:
+    """One completed push: ``bytes`` sent to each engine, wall ``seconds`` (stage + pause + load + resume),
+    ``buckets`` planned, the ``transport`` used, the ``version`` now live and on how many ``engines``;
+    ``phases``: seconds per step (``stage``, ``pause``, ``load``, ``resume``)."""
+
+    bytes: int
+    seconds: float
+    buckets: int
+    transport: str
+    version: Version = 0
+    engines: int = 0
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / (1 << 20) / self.seconds if self.seconds > 0 else float("inf")
+
+
+class EngineLink:
+    """The engine-side steps of a push for one engine, over its HTTP protocol. Each method raises
+    :class:`DCSEngineError` naming the engine and the step."""
+
+    def __init__(self, info: EngineInfo, *, timeout_s: float = 300.0, retries: int = 1) -> None:
+        self.info = info
+        self.client = EngineClient(info.url, timeout=timeout_s, retries=retries, backoff_s=0.1)
+
+    @property
+    def url(self) -> str:
+        return self.info.url
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+    def _call(self, step: str, fn: Callable[[], Any]) -> Any:
+        try:
+            result = fn()
+        except EngineError as exc:
+            raise DCSEngineError(self.url, step, exc) from exc
+        if isinstance(result, Mapping) and result.get("success") is False:
+            raise DCSEngineError(self.url, step, result.get("message", "the engine answered success=false"))
+        return result
+
+    def pause(self, mode: str = "retract") -> None:
+        self._call("pause_generation", lambda: self.client.pause_generation(mode))
+
+    def resume(self) -> None:
+        self._call("continue_generation", self.client.continue_generation)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """``/flush_cache``; SGLang refuses while requests are still being retracted, so it is retried."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.client.flush_cache()
+                return
+            except EngineError as exc:
+                if time.monotonic() >= deadline:
+                    raise DCSEngineError(self.url, "flush_cache", exc) from exc
+                time.sleep(0.1)
+
+    def join_group(self, master_address: str, master_port: int, world_size: int, group_name: str, backend: str) -> None:
+        self._call("init_weights_update_group", lambda: self.client.init_weights_update_group(
+            master_address, master_port, self.rank, world_size, group_name=group_name, backend=backend))
+
+    def leave_group(self, group_name: str) -> None:
+        """Best effort: an engine that is gone has left already."""
+        try:
+            self.client.destroy_weights_update_group(group_name)
+        except EngineError:
+            pass
+
+    def receive_distributed(self, metas: Sequence[TensorMeta], group_name: str, load_format: str | None,
+                            weight_version: str | None) -> None:
+        self._call("update_weights_from_distributed", lambda: self.client.update_weights_from_distributed(
+            [m.name for m in metas], [m.dtype for m in metas], [list(m.shape) for m in metas], group_name=group_name,
+            weight_version=weight_version, flush_cache=False, load_format=load_format))
+
+    def load_from_disk(self, path: str, weight_version: str) -> None:
+        self._call("update_weights_from_disk", lambda: self.client.update_weights_from_disk(
+            path, weight_version=weight_version, flush_cache=False))
+
+    def weight_version(self) -> str | None:
+        return self._call("get_weight_version", self.client.get_weight_version)
+
+    def supports_flattened(self) -> bool:
+        """Whether the engine advertises SGLang's ``flattened_bucket`` load format (our embedded engine does)."""
+        info = self._call("get_server_info", self.client.get_server_info)
+        return isinstance(info, Mapping) and "flattened_bucket" in (info.get("weight_update_load_formats") or [])
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class DCSClient:
+    """The actor's side of the DCS (see the module doc).
+
+    ``coordinator``: a :class:`DCSCoordinator` or anything with its ``push_plan`` / ``set_weights`` / ``commit``
+    methods. ``transport``: a name (default: the coordinator's) or a :class:`Transport`. ``names``: state_dict
+    key → the name engines load (:func:`~relax_gym.trainer.dcs.names.checkpoint_names`); ``bucket_mb``
+    overrides the coordinator's bucket size; ``flatten`` / ``master_address`` / ``disk_dir`` configure the
+    transport (see :mod:`~relax_gym.trainer.dcs.transports`)."""
+
+    def __init__(self, coordinator: DCSCoordinator | Any, *, transport: str | Transport | None = None,
+                 names: Mapping[str, str] | Callable[[str], str] | None = None, bucket_mb: float | None = None,
+                 pause_mode: str = "retract", flatten: bool | None = None, master_address: str | None = None,
+                 disk_dir: str | None = None, timeout_s: float = 300.0, group_timeout_s: float = 120.0) -> None:
+        self.coordinator = coordinator
+        self.names = names
+        self.bucket_mb = bucket_mb
+        self.pause_mode = pause_mode
+        self.timeout_s = float(timeout_s)
+        if isinstance(transport, Transport):
+            self.transport = transport
+        else:
+            name = transport or self.coordinator.push_plan().transport
+            self.transport = make_transport(name, disk_dir=disk_dir, flatten=flatten, master_address=master_address,
+                                            group_timeout_s=group_timeout_s)
+        self._links: dict[str, EngineLink] = {}
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dcs")
+        self._pool_size = 8
+
+    # ------------------------------------------------------------------------------------------ push
+
+    def push(self, state_dict: Mapping[str, torch.Tensor], version: Version) -> PushReport:
+        """Send ``state_dict`` to every engine as ``version`` (pause → load → flush → continue on each).
+        Returns a :class:`PushReport`; raises :class:`DCSPushError` naming the failing engine (the
+        coordinator's version then stays unchanged) or :class:`DCSError` for a state dict that does not match
+        the registered weights."""
+        t0 = time.perf_counter()
+        plan = self._plan(state_dict)
+        if not plan.engines:
+            raise DCSError("no engines registered with the DCS coordinator: nothing to push to")
+        items = self._items(state_dict, plan.weights)
+        links = self._sync_links(plan.engines)
+        self._size_pool(len(links))
+        phases: dict[str, float] = {}
+
+        mark = time.perf_counter()
+        staged = self.transport.stage(items, plan.buckets, version)
+        phases["stage"] = time.perf_counter() - mark
+        try:
+            mark = time.perf_counter()
+            self._pause_all(links, version)
+            phases["pause"] = time.perf_counter() - mark
+
+            mark = time.perf_counter()
+            try:
+                nbytes = self.transport.load(links, items, plan.buckets, version, staged, epoch=plan.epoch, pool=self._pool)
+            except DCSEngineError as exc:
+                if exc.step in _BEFORE_LOADING:  # nothing was sent: the engines may go on with their weights
+                    self._each(links, lambda link: link.resume())
+                    self._fail(exc, version, paused=[], loading=False, tail="; no weights were sent and the engines were resumed")
+                self._fail(exc, version, paused=[link.url for link in links], loading=True)
+            except Exception as exc:  # the actor's side failed (memory, a tensor that cannot be moved, ...)
+                urls = [link.url for link in links]
+                raise DCSPushError(f"push of weight version {version!r} failed on the actor while loading: "
+                                   f"{type(exc).__name__}: {exc}; engines {urls} may hold a partial update and stay "
+                                   "paused until a push completes (DCSClient.resume() continues them anyway)",
+                                   url=None, step="load", version=version, paused=urls) from exc
+            phases["load"] = time.perf_counter() - mark
+
+            mark = time.perf_counter()
+            self._finish_all(links, version)
+            phases["resume"] = time.perf_counter() - mark
+        except BaseException:
+            self.transport.discard(staged)
+            raise
+        self.transport.committed(staged)
+        self.coordinator.commit(version, [link.url for link in links])
+        return PushReport(bytes=nbytes, seconds=time.perf_counter() - t0, buckets=len(plan.buckets),
+                          transport=self.transport.name, version=version, engines=len(links), phases=phases)
+
+    def resume(self, urls: Sequence[str] | None = None) -> None:
+        """Continue generation on engines a failed push left paused (default: every known engine)."""
+        links = [link for url, link in self._links.items() if urls is None or url in urls]
+        errors = self._each(links, lambda link: link.resume())
+        if errors:
+            url, exc = next(iter(errors.items()))
+            raise DCSPushError(str(exc), url=url, step="continue_generation", version=self._version())
+
+    def close(self) -> None:
+        """Leave the weight-update group on the engines, close the HTTP clients."""
+        links = list(self._links.values())
+        try:
+            self.transport.close(links)
+        finally:
+            for link in links:
+                link.close()
+            self._links.clear()
+            self._pool.shutdown(wait=False)
+
+    def __enter__(self) -> DCSClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ internals
+
+    def _plan(self, state_dict: Mapping[str, torch.Tensor]) -> PushPlan:
+        plan = self.coordinator.push_plan(self.bucket_mb)
+        if plan.weights is None:
+            self.coordinator.set_weights(WeightMetadata.from_state_dict(state_dict, self.names))
+            plan = self.coordinator.push_plan(self.bucket_mb)
+        return plan
+
+    def _items(self, state_dict: Mapping[str, torch.Tensor], meta: WeightMetadata) -> list[tuple[TensorMeta, torch.Tensor]]:
+        """The state dict's tensors in the metadata's order, checked against it (names, shapes, dtypes)."""
+        from relax_gym.trainer.engines.weight_sync import dtype_name
+
+        rename = renamer(self.names)
+        expected = meta.by_name()
+        by_name: dict[str, torch.Tensor] = {}
+        for key, tensor in state_dict.items():
+            name = rename(key)
+            if name in meta.aliases:
+                continue
+            want = expected.get(name)
+            if want is None:
+                raise DCSError(f"tensor {name!r} is not in the registered weight metadata (did the model change?)")
+            if tuple(tensor.shape) != want.shape or dtype_name(tensor.dtype) != want.dtype:
+                raise DCSError(f"tensor {name!r} is {dtype_name(tensor.dtype)}{list(tensor.shape)}, the registered "
+                               f"metadata says {want.dtype}{list(want.shape)}")
+            by_name[name] = tensor
+        missing = [t.name for t in meta.tensors if t.name not in by_name]
+        if missing:
+            raise DCSError(f"the state dict lacks {len(missing)} registered tensor(s): {missing[:5]}")
+        return [(t, by_name[t.name]) for t in meta.tensors]
+
+    def _size_pool(self, engines: int) -> None:
+        """Every engine's call of a broadcast must run at once (each waits for the others): one thread each."""
+        if engines + 2 > self._pool_size:
+            self._pool.shutdown(wait=False)
+            self._pool_size = engines + 2
+            self._pool = ThreadPoolExecutor(max_workers=self._pool_size, thread_name_prefix="dcs")
+
+    def _sync_links(self, engines: Sequence[EngineInfo]) -> list[EngineLink]:
+        wanted = {e.url: e for e in engines}
+        for url in [u for u in self._links if u not in wanted or self._links[u].info != wanted[u]]:
+            self._links.pop(url).close()
+        for url, info in wanted.items():
+            if url not in self._links:
+                self._links[url] = EngineLink(info, timeout_s=self.timeout_s)
+        return [self._links[e.url] for e in engines]
+
+    def _each(self, links: Sequence[EngineLink], fn: Callable[[EngineLink], Any]) -> dict[str, BaseException]:
+        """Run ``fn`` on every link in parallel; the failures by URL (in link order)."""
+        futures = [(link, self._pool.submit(fn, link)) for link in links]
+        errors: dict[str, BaseException] = {}
+        for link, future in futures:
+            exc = future.exception()
+            if exc is not None:
+                errors[link.url] = exc
+        return errors
+
+    def _pause_all(self, links: Sequence[EngineLink], version: Version) -> None:
+        errors = self._each(links, lambda link: link.pause(self.pause_mode))
+        if not errors:
+            return
+        paused = [link for link in links if link.url not in errors]
+        self._each(paused, lambda link: link.resume())
+        url, exc = next(iter(errors.items()))
+        others = f" ({len(errors) - 1} more engine(s) failed too: {list(errors)[1:]})" if len(errors) > 1 else ""
+        raise DCSPushError(f"push of weight version {version!r} failed at engine {url}: {_cause(exc)}{others}; "
+                           "no weights were sent and the other engines were resumed",
+                           url=url, step="pause_generation", version=version)
+
+    def _finish_all(self, links: Sequence[EngineLink], version: Version) -> None:
+        def finish(link: EngineLink) -> None:
+            link.flush()
+            link.resume()
+            reported = link.weight_version()
+            if reported != str(version):
+                raise DCSEngineError(link.url, "get_weight_version", f"reports {reported!r} after loading version {str(version)!r}")
+
+        errors = self._each(links, finish)
+        if errors:
+            url, exc = next(iter(errors.items()))
+            still_paused = [u for u, e in errors.items() if getattr(e, "step", "") != "get_weight_version"]
+            self._fail(exc, version, paused=still_paused, loading=False)
+
+    def _fail(self, exc: BaseException, version: Version, *, paused: Sequence[str], loading: bool, tail: str = "") -> NoReturn:
+        url = getattr(exc, "url", "?")
+        step = getattr(exc, "step", "load")
+        if not tail and loading:
+            tail = (f"; engines {list(paused)} may hold a partial update and stay paused until a push completes "
+                    "(DCSClient.resume() continues them anyway)")
+        elif not tail and paused:
+            tail = f"; the weights were loaded but engines {list(paused)} may still be paused"
+        raise DCSPushError(f"push of weight version {version!r} failed at engine {url}: {_cause(exc)}{tail}",
+                           url=url, step=step, version=version, paused=paused) from exc
+
+    def _version(self) -> Version:
+        return self.coordinator.push_plan().version
+
+
+# steps of a transport's load that come before any tensor moves
+_BEFORE_LOADING = frozenset({"init_weights_update_group", "get_server_info"})
+
+
+def _cause(exc: BaseException) -> str:
+    """The message of a DCSEngineError without its ``engine <url>:`` prefix (the push error names the engine)."""
+    if isinstance(exc, DCSEngineError):
+        return f"{exc.step} failed: {exc.reason}"
+    return f"{type(exc).__name__}: {exc}"
