@@ -148,6 +148,7 @@ def envs_play(
             console.print("[bold cyan]assistant:[/] " + escape(action))
             obs, reward, terminated, truncated, info = env.step(action)
             _print_messages(obs)
+            _print_tool_results(obs)
             ret += reward
             done = terminated or truncated
             console.print(f"reward {reward:.3f}  breakdown {info.get('reward_breakdown')}  status {info['status']}"
@@ -167,6 +168,42 @@ def _choose(policy: Policy, env, info: dict[str, Any]) -> str:
     console.print("[dim]your answer (one line):[/] ", end="")
     line = typer.get_text_stream("stdin").readline()
     return line.rstrip("\n")
+
+
+def _print_tool_results(messages) -> None:
+    """One table row per tool call of the turn: the call, whether it worked, and the media it returned (kind and
+    size, plus the span for video and audio). Media a tool sent in a following user message count as its own."""
+    rows: list[list[str]] = []
+    for m in messages:
+        if m.role == "tool":
+            body = m.text.removeprefix("<tool_response>").strip()
+            status = "[red]error[/]" if body.startswith("Error:") else "[green]ok[/]"
+            rows.append([escape(m.name or "?"), status, escape(body.splitlines()[0] if body else ""), ""])
+        if rows and m.role in ("tool", "user"):
+            rows[-1][3] = "\n".join(filter(None, [rows[-1][3], *(_media_brief(p) for p in m.media())]))
+    if not rows:
+        return
+    table = Table(box=None, title="tool calls", title_justify="left")
+    table.add_column("tool", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    table.add_column("said", ratio=1)
+    table.add_column("media returned", no_wrap=True)
+    for row in rows:
+        table.add_row(*row[:3], row[3] or "-")
+    console.print(table)
+
+
+def _media_brief(part) -> str:
+    """A media part in a few words: kind, size, span."""
+    if part.kind == "image":
+        h, w, _ = part.decode().shape
+        return f"image {w}x{h}"
+    if part.kind == "video":
+        v = part.decode()
+        return f"video {len(v.frames)} frames {v.frames.shape[2]}x{v.frames.shape[1]}, {v.timestamps[0]:.2f}-{v.timestamps[-1]:.2f} s of {v.duration_s:.2f} s"
+    a = part.decode()
+    start = part.sampling.start_s
+    return f"audio {start:.2f}-{start + a.duration_s:.2f} s ({a.duration_s:.2f} s @ {a.sample_rate} Hz)"
 
 
 def _print_messages(messages) -> None:
@@ -218,7 +255,8 @@ def train(
     overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. trainer.steps=50", show_default=False)] = None,
     run_dir: Annotated[Path | None, typer.Option(help="where metrics, config and checkpoints go (default runs/<time>)")] = None,
 ) -> None:
-    """Train a policy with RL on an environment (colocate mode: one process, embedded engine over HTTP)."""
+    """Train a policy with RL on an environment: trainer.mode=colocate (one process, embedded engine over HTTP, the
+    synchronous baseline) or trainer.mode=async (roles as Ray Serve deployments, trainer.max_staleness=S)."""
     import time
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -248,7 +286,12 @@ def train(
                     f"reward {data['reward_mean']:.3f} eval {data['eval_reward']:.3f} "
                     f"{data['time_step_s']:.1f} s/step {data['rollout_tokens_per_s']:.0f} tok/s"))
 
-        trainer = ColocateTrainer(cfg, run_dir, progress=on_event)
+        if cfg.trainer.mode == "async":
+            from relax_gym.trainer.controller import AsyncTrainer
+
+            trainer = AsyncTrainer(cfg, run_dir, progress=on_event)
+        else:
+            trainer = ColocateTrainer(cfg, run_dir, progress=on_event)
         try:
             summary = trainer.run()
         finally:

@@ -58,14 +58,7 @@ class MultipleChoiceEnv(AgentEnv):
 
     @staticmethod
     def _load(spec: DatasetSpec, data_dir: str | Path | None, split: str | None) -> list[McqSample]:
-        if data_dir is None:
-            if spec.sample is None:
-                raise ValueError(f"this {spec.format} environment has no bundled sample: pass data_dir=")
-            data_dir = synth.ensure_sample(spec.sample)
-            if spec.sample not in _announced_samples:
-                _announced_samples.add(spec.sample)
-                log.warning("no data_dir given: using the bundled synthetic %r sample at %s", spec.sample, data_dir)
-        return load_dataset(spec, Path(data_dir), split)
+        return load_samples(spec, data_dir, split)
 
     # -- episode -----------------------------------------------------------------------------------------
 
@@ -107,6 +100,19 @@ class MultipleChoiceEnv(AgentEnv):
         if "audio" in sample.media:
             parts.append(AudioPart(source=MediaSource(path=sample.media["audio"]), sampling=self.audio_sampling))
         return parts
+
+
+def load_samples(spec: DatasetSpec, data_dir: str | Path | None, split: str | None) -> list[McqSample]:
+    """The records of ``split`` from ``data_dir``; without one, from the spec's bundled synthetic sample (generated
+    on first use, announced once per process)."""
+    if data_dir is None:
+        if spec.sample is None:
+            raise ValueError(f"this {spec.format} environment has no bundled sample: pass data_dir=")
+        data_dir = synth.ensure_sample(spec.sample)
+        if spec.sample not in _announced_samples:
+            _announced_samples.add(spec.sample)
+            log.warning("no data_dir given: using the bundled synthetic %r sample at %s", spec.sample, data_dir)
+    return load_dataset(spec, Path(data_dir), split)
 
 
 def _spec(cls, value):

@@ -18,9 +18,22 @@ A model can therefore only score by looking at / listening to the input, which m
 suitable for checking that an RL loop learns something. Everything is derived from a seed with
 ``numpy.random.default_rng``; nothing touches the network.
 
+Two more samples serve the agentic envs, where the first observation is only a coarse look and tools
+fetch the rest; in each the answer sits where that first look does not reach:
+
+* ``nextqa-agent`` (NExT-QA layout): 6 s clips at 8 fps. ``TN`` rows ask which way a red square darts:
+  it rests, darts ~20 px one way and comes back within about one second that falls strictly between
+  two of the four evenly spaced keyframes the env shows first (or never moves). ``DC`` rows ask how
+  many blue squares flash up: they are visible for under a second, again between keyframes.
+* ``avqa-agent`` (AVQA layout): 128x128 pictures and 3 s of audio, of which the env plays the first
+  second up front. The beeps to count come after that second; of two tones to compare only the first
+  falls in it; red circles to count are small and among orange ones of the same size, hard to tell
+  apart in the low-resolution overview.
+
 ``ensure_sample(name)`` generates a dataset on first use into a cache folder (see ``sample_root``)
 and reuses it afterwards; generation goes into a temporary sibling folder that is renamed into
-place, so concurrent processes never see a half-written dataset.
+place, so concurrent processes never see a half-written dataset. Each sample's folder name carries
+its own version (``sample_version``).
 """
 
 from __future__ import annotations
@@ -43,18 +56,27 @@ from PIL import Image, ImageDraw
 
 __all__ = [
     "SAMPLE_VERSION",
+    "AGENT_SAMPLE_VERSION",
     "SAMPLE_NAMES",
     "sample_root",
+    "sample_version",
     "ensure_sample",
     "write_nextqa_sample",
     "write_avqa_sample",
     "write_moving_square_video",
+    "write_nextqa_agent_sample",
+    "write_avqa_agent_sample",
+    "write_darting_square_video",
+    "write_flash_video",
+    "keyframe_indices",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: Bump whenever the generated content changes; the cache folder name carries it.
 SAMPLE_VERSION = 2  # 2: options in a fixed order (see write_nextqa_sample)
+#: The agent samples' own version (bump when their content changes; the single-turn samples keep theirs).
+AGENT_SAMPLE_VERSION = 1
 
 NEXTQA_HEADER: tuple[str, ...] = (
     "video",
@@ -112,16 +134,22 @@ def sample_root() -> Path:
 
 
 #: Names accepted by ``ensure_sample``.
-SAMPLE_NAMES: tuple[str, ...] = ("nextqa", "avqa")
+SAMPLE_NAMES: tuple[str, ...] = ("nextqa", "avqa", "nextqa-agent", "avqa-agent")
 
 
 def _writers() -> dict[str, Callable[[Path], None]]:
     # looked up at call time so the writers can be swapped (e.g. by tests)
-    return {"nextqa": write_nextqa_sample, "avqa": write_avqa_sample}
+    return {"nextqa": write_nextqa_sample, "avqa": write_avqa_sample,
+            "nextqa-agent": write_nextqa_agent_sample, "avqa-agent": write_avqa_agent_sample}
+
+
+def sample_version(name: str) -> int:
+    """The content version of sample ``name``; its cache folder is ``f"{name}-v{version}"``."""
+    return AGENT_SAMPLE_VERSION if name.endswith("-agent") else SAMPLE_VERSION
 
 
 def ensure_sample(name: str, root: Path | None = None) -> Path:
-    """Return ``root/f"{name}-v{SAMPLE_VERSION}"``, generating the dataset there on first use.
+    """Return ``root/f"{name}-v{sample_version(name)}"``, generating the dataset there on first use.
 
     An existing folder is reused as is. Generation writes into a temporary folder in the same parent
     and renames it into place, so a reader never sees a partial dataset; if another process finished
@@ -131,7 +159,7 @@ def ensure_sample(name: str, root: Path | None = None) -> Path:
     if name not in writers:
         raise ValueError(f"unknown sample {name!r}; known samples: {', '.join(sorted(writers))}")
     root = Path(root) if root is not None else sample_root()
-    final = root / f"{name}-v{SAMPLE_VERSION}"
+    final = root / f"{name}-v{sample_version(name)}"
     if final.is_dir():
         return final
     root.mkdir(parents=True, exist_ok=True)
@@ -459,14 +487,14 @@ def _pitch_audio(rng: np.random.Generator, answer: str) -> np.ndarray:
     return wave
 
 
-def _random_shapes_image(rng: np.random.Generator) -> Image.Image:
+def _random_shapes_image(rng: np.random.Generator, size: int = _AVQA_IMAGE) -> Image.Image:
     """A few random non-red shapes: filler for questions about the audio."""
     bg = tuple(int(v) for v in rng.integers(200, 246, size=3))
-    img = Image.new("RGB", (_AVQA_IMAGE, _AVQA_IMAGE), bg)
+    img = Image.new("RGB", (size, size), bg)
     draw = ImageDraw.Draw(img)
     palette = [(40, 160, 60), (230, 200, 40), (60, 60, 200), (120, 120, 120), (150, 70, 180)]
     for _ in range(int(rng.integers(2, 5))):
-        x0, y0 = (int(v) for v in rng.integers(0, _AVQA_IMAGE - 16, size=2))
+        x0, y0 = (int(v) for v in rng.integers(0, size - 16, size=2))
         w, h = (int(v) for v in rng.integers(8, 17, size=2))
         color = palette[int(rng.integers(len(palette)))]
         if rng.random() < 0.5:
@@ -549,3 +577,224 @@ def write_avqa_sample(dest: Path, n_valid: int = 48, n_train: int = 96, seed: in
     rng = np.random.default_rng(seed)
     _write_avqa_split(dest, "valid", n_valid, rng, shuffle_options)
     _write_avqa_split(dest, "train", n_train, rng, shuffle_options)
+
+
+# --------------------------------------------------------------------------------------------
+# agent samples: the answer lies where the first, coarse look does not reach
+# --------------------------------------------------------------------------------------------
+
+AGENT_CLIP_FPS = 8.0
+AGENT_CLIP_FRAMES = 48  # 6 s
+AGENT_KEYFRAMES = 4  # what nextqa-video-agent shows first, by default
+TN_AGENT_QUESTION = "which way does the red square dart before it comes back"
+DC_AGENT_QUESTION = "how many blue squares flash up"
+_DART = 20  # how far the red square darts, px
+_KEYFRAME_MARGIN = 1  # frames kept free of the event on each side of a keyframe
+
+AGENT_AUDIO_SECONDS = 3.0
+AGENT_EXCERPT_S = 1.0  # what echo-ink-agent plays first, by default
+AGENT_IMAGE = 128
+ORANGE = (235, 140, 30)
+
+
+def keyframe_indices(frames: int = AGENT_CLIP_FRAMES, keyframes: int = AGENT_KEYFRAMES) -> list[int]:
+    """Indices of the frames an overview of ``keyframes`` evenly spaced frames picks: the centre of each of
+    ``keyframes`` equal slices of the clip (the rule of ``relax_gym.omni.decode.sample_times``)."""
+    return [int(round((k + 0.5) * frames / keyframes)) for k in range(keyframes)]
+
+
+def _event_window(rng: np.random.Generator, frames: int, keyframes: int, length: int) -> tuple[int, int]:
+    """A run of ``length`` frames ``[a, b)`` strictly between two consecutive keyframes, with a margin."""
+    keys = keyframe_indices(frames, keyframes)
+    gaps = [(k0 + _KEYFRAME_MARGIN + 1, k1 - _KEYFRAME_MARGIN) for k0, k1 in zip(keys, keys[1:]) if k1 - k0 - 2 * _KEYFRAME_MARGIN - 1 >= length]
+    if not gaps:
+        raise ValueError(f"no gap between {keyframes} keyframes of a {frames}-frame clip holds {length} frames")
+    lo, hi = gaps[int(rng.integers(len(gaps)))]
+    start = int(rng.integers(lo, hi - length + 1))
+    return start, start + length
+
+
+def write_darting_square_video(path: Path, direction: str, *, window: tuple[int, int], width: int = 64, height: int = 64,
+                               fps: float = AGENT_CLIP_FPS, frames: int = AGENT_CLIP_FRAMES, seed: int = 0) -> None:
+    """Write an H.264 mp4 of a red square that rests, darts about 20 px ``direction`` during the frames
+    ``window = (a, b)`` (out and back, furthest at the middle) and rests again; ``"still"`` never moves."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"unknown direction {direction!r}; expected one of {', '.join(DIRECTIONS)}")
+    a, b = window
+    if not 0 <= a < b <= frames or b - a < 3:
+        raise ValueError(f"window {window} must be at least 3 frames inside 0..{frames}")
+    rng = np.random.default_rng(seed)
+    background = _background(rng, height, width)
+    dx, dy = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1), "still": (0, 0)}[direction]
+    x0 = int(rng.integers(_MARGIN + (_DART if dx < 0 else 0), width - _SQUARE - _MARGIN - (_DART if dx > 0 else 0) + 1))
+    y0 = int(rng.integers(_MARGIN + (_DART if dy < 0 else 0), height - _SQUARE - _MARGIN - (_DART if dy > 0 else 0) + 1))
+
+    def gen() -> Iterator[np.ndarray]:
+        for i in range(frames):
+            reach = 0.0
+            if a <= i < b:
+                reach = 1.0 - abs(2.0 * (i - a) / (b - a - 1) - 1.0)
+            step = round(_DART * reach)
+            frame = background.copy()
+            _paint(frame, x0 + dx * step, y0 + dy * step, _SQUARE, RED)
+            yield frame
+
+    _write_frames(Path(path), gen(), width=width, height=height, fps=fps, n_frames=frames)
+
+
+def write_flash_video(path: Path, n_blue: int, *, window: tuple[int, int], size: int = 64, fps: float = AGENT_CLIP_FPS,
+                      frames: int = AGENT_CLIP_FRAMES, seed: int = 0) -> None:
+    """Write an H.264 mp4 of a resting red square and ``n_blue`` blue squares that show only during the frames
+    ``window = (a, b)``, all apart from each other."""
+    a, b = window
+    if not 0 <= a < b <= frames:
+        raise ValueError(f"window {window} must lie inside 0..{frames}")
+    rng = np.random.default_rng(seed)
+    plain = _background(rng, size, size)
+    boxes = _place_boxes(rng, [_SQUARE] + [_BLUE_SQUARE] * n_blue, size, size, gap=4)
+    (rx, ry, rs), blues = boxes[0], boxes[1:]
+    _paint(plain, rx, ry, rs, RED)
+    flashed = plain.copy()
+    for bx, by, bs in blues:
+        _paint(flashed, bx, by, bs, BLUE)
+    _write_frames(Path(path), [flashed if a <= i < b else plain for i in range(frames)], width=size, height=size, fps=fps, n_frames=frames)
+
+
+def write_nextqa_agent_sample(dest: Path, n_val: int = 24, n_train: int = 48, seed: int = 5, keyframes: int = AGENT_KEYFRAMES,
+                              shuffle_options: bool = False) -> None:
+    """Write the ``nextqa-agent`` sample in the NExT-QA layout (``val.csv``, ``train.csv``, ``map_vid_vidorID.json``,
+    ``videos/``): 64x64, 8 fps, 6 s clips whose event (a dart, a flash) falls between the ``keyframes`` evenly
+    spaced keyframes an overview shows. Rows alternate between ``TN`` (which way the red square darts, or that it
+    stays still) and ``DC`` (how many blue squares flash up)."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    vid_map: dict[str, str] = {}
+    counter = qid = 0
+    for split, n in (("val", n_val), ("train", n_train)):
+        rows: list[dict[str, object]] = []
+        for i in range(n):
+            counter += 1
+            video_id = str(_VIDEO_ID_BASE + 500_000 + counter)
+            folder = f"{(counter - 1) // _VIDEOS_PER_FOLDER:04d}"
+            vid_map[video_id] = f"{folder}/{video_id}"
+            video_path = dest / "videos" / folder / f"{video_id}.mp4"
+            clip_seed = int(rng.integers(0, 2**31 - 1))
+            if i % 2 == 0:
+                qtype, question = "TN", TN_AGENT_QUESTION
+                direction = DIRECTIONS[int(rng.integers(len(DIRECTIONS)))]
+                options = [_DIRECTION_OPTION[d] for d in DIRECTIONS]
+                correct = _DIRECTION_OPTION[direction]
+                window = _event_window(rng, AGENT_CLIP_FRAMES, keyframes, int(rng.integers(7, 10)))
+                write_darting_square_video(video_path, direction, window=window, seed=clip_seed)
+            else:
+                qtype, question = "DC", DC_AGENT_QUESTION
+                count = int(rng.integers(1, 6))
+                options = list(_NUMBER_WORDS)
+                correct = _NUMBER_WORDS[count - 1]
+                window = _event_window(rng, AGENT_CLIP_FRAMES, keyframes, int(rng.integers(5, 8)))
+                write_flash_video(video_path, count, window=window, seed=clip_seed)
+            if shuffle_options:
+                options = [options[k] for k in rng.permutation(len(options))]
+            row: dict[str, object] = {"video": video_id, "frame_count": AGENT_CLIP_FRAMES, "width": 64, "height": 64,
+                                      "question": question, "answer": options.index(correct), "qid": qid, "type": qtype}
+            row.update({f"a{k}": opt for k, opt in enumerate(options)})
+            rows.append(row)
+            qid += 1
+        _write_csv(dest / f"{split}.csv", rows)
+    (dest / "map_vid_vidorID.json").write_text(json.dumps(vid_map, indent=1) + "\n", encoding="utf-8")
+
+
+def _hum(rng: np.random.Generator, seconds: float, amp: float = 0.05) -> np.ndarray:
+    """A quiet mains-like hum plus noise: never silent, never decisive."""
+    n = int(round(seconds * _AUDIO_SR))
+    t = np.arange(n) / _AUDIO_SR
+    return amp * np.sin(2 * np.pi * float(rng.choice([100.0, 120.0, 150.0])) * t) + _silence_with_noise(rng, seconds)
+
+
+def _late_beeps_audio(rng: np.random.Generator, count: int) -> np.ndarray:
+    """``count`` beeps, all after the excerpt the env plays first."""
+    wave = _hum(rng, AGENT_AUDIO_SECONDS)
+    beep, gap = 0.12, float(rng.uniform(0.10, 0.14))
+    latest = AGENT_AUDIO_SECONDS - count * (beep + gap) - 0.05
+    t = float(rng.uniform(AGENT_EXCERPT_S + 0.2, max(latest, AGENT_EXCERPT_S + 0.2)))
+    for _ in range(count):
+        _place(wave, _tone(880.0, beep), t)
+        t += beep + gap
+    return wave
+
+
+def _late_pitch_audio(rng: np.random.Generator, answer: str) -> np.ndarray:
+    """The first tone inside the excerpt, the second (if any) well after it."""
+    wave = _hum(rng, AGENT_AUDIO_SECONDS)
+    first = float(rng.choice([392.0, 440.0, 494.0]))
+    second = {"higher": first * 1.5, "lower": first / 1.5, "the same": first}.get(answer)
+    _place(wave, _tone(first, 0.3), float(rng.uniform(0.2, AGENT_EXCERPT_S - 0.4)))
+    if second is not None:
+        _place(wave, _tone(second, 0.3), float(rng.uniform(AGENT_EXCERPT_S + 0.4, AGENT_AUDIO_SECONDS - 0.4)))
+    return wave
+
+
+def _small_circles_image(rng: np.random.Generator, count: int) -> Image.Image:
+    """``count`` small red circles among orange ones of the same size on a 128x128 picture: countable at full
+    size, a few smeared warm dots at 32x32."""
+    bg = tuple(int(v) for v in rng.integers(215, 246, size=3))
+    img = Image.new("RGB", (AGENT_IMAGE, AGENT_IMAGE), bg)
+    draw = ImageDraw.Draw(img)
+    n_orange = int(rng.integers(2, 5))
+    boxes = _place_boxes(rng, [7] * (count + n_orange), AGENT_IMAGE, AGENT_IMAGE, gap=6)
+    for k, (x, y, s) in enumerate(boxes):
+        draw.ellipse([x, y, x + s - 1, y + s - 1], fill=RED if k < count else ORANGE)
+    return img
+
+
+def _save_avqa_item(split_dir: Path, i: int, question: str, options: list[str], correct: str, image: Image.Image,
+                    audio: np.ndarray) -> dict[str, object]:
+    """Write one item's JPEG and 16 kHz WAV and return its AVQA-R1 record."""
+    image_rel, audio_rel = f"images/sample_{i}.jpg", f"audios/sample_{i}.wav"
+    image.save(split_dir / image_rel, format="JPEG", quality=90)
+    sf.write(split_dir / audio_rel, np.clip(audio, -1.0, 1.0), _AUDIO_SR, subtype="PCM_16", format="WAV")
+    return {
+        "problem_id": i,
+        "problem": question,
+        "data_type": "image_audio",
+        "problem_type": "multiple choice",
+        "qa_type": "avqa",
+        "options": _letter_options(options),
+        "solution": f"<answer>{'ABCD'[options.index(correct)]}</answer>",
+        "path": {"image": image_rel, "audio": audio_rel},
+        "data_source": "relax-gym-synth",
+    }
+
+
+def write_avqa_agent_sample(dest: Path, n_valid: int = 24, n_train: int = 48, seed: int = 6, shuffle_options: bool = False) -> None:
+    """Write the ``avqa-agent`` sample in the AVQA-R1-6K layout (``train/`` and ``valid/`` with their json,
+    ``images/`` and ``audios/``): 128x128 JPEGs and 3 s WAVs. Items rotate between counting beeps that come after
+    the first second, comparing a tone in the first second with one after it, and counting small red circles
+    among orange ones; each has four options A-D."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for split, n in (("valid", n_valid), ("train", n_train)):
+        split_dir = dest / split
+        (split_dir / "images").mkdir(parents=True, exist_ok=True)
+        (split_dir / "audios").mkdir(parents=True, exist_ok=True)
+        items = []
+        for i in range(n):
+            kind = i % 3
+            if kind == 0:
+                count = int(rng.integers(1, 5))
+                question, options, correct = BEEP_QUESTION, list(_NUMBER_WORDS[:4]), _NUMBER_WORDS[count - 1]
+                audio, image = _late_beeps_audio(rng, count), _random_shapes_image(rng, AGENT_IMAGE)
+            elif kind == 1:
+                count = int(rng.integers(1, 5))
+                question, options, correct = CIRCLE_QUESTION, list(_NUMBER_WORDS[:4]), _NUMBER_WORDS[count - 1]
+                audio, image = _hum(rng, AGENT_AUDIO_SECONDS), _small_circles_image(rng, count)
+            else:
+                correct = PITCH_OPTIONS[int(rng.integers(len(PITCH_OPTIONS)))]
+                question, options = PITCH_QUESTION, list(PITCH_OPTIONS)
+                audio, image = _late_pitch_audio(rng, correct), _random_shapes_image(rng, AGENT_IMAGE)
+            if shuffle_options:
+                options = [options[k] for k in rng.permutation(len(options))]
+            items.append(_save_avqa_item(split_dir, i, question, options, correct, image, audio))
+        (split_dir / f"omni_rl_format_{split}.json").write_text(json.dumps(items, indent=1) + "\n", encoding="utf-8")

@@ -5,6 +5,15 @@ or a final ``<answer>…</answer>``. Tool results come back as ``tool`` messages
 (text and media parts); a turn with neither gets a short reminder. A malformed call is answered with an error
 message and the episode continues. The final answer is scored by the subclass (accuracy) plus the format reward;
 running out of turns ends the episode truncated with reward 0.
+
+Tools may return media parts (see :mod:`relax_gym.envs.tools`); ``media_role`` says whether they ride inside the
+``tool`` message (default) or in a ``user`` message after it. ``call_cost`` charges each tool call beyond the first
+``free_calls`` against the final reward (never below 0; ``reward_breakdown["call_cost"]`` is the amount taken), so an
+agent can be taught to look only where it needs to; the gold plan stays within ``free_calls`` so it keeps the
+maximum reward.
+
+``tool_latency`` (a :class:`~relax_gym.envs.latency.ToolLatency` or its dict) adds a simulated, seeded wait to every
+tool call, for long-tail agentic workloads; the turn's total wait is reported in ``info["tool_latency_s"]``.
 """
 
 from __future__ import annotations
@@ -13,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relax_gym.envs.core import AgentEnv, Opening, Outcome
+from relax_gym.envs.latency import ToolLatency
 from relax_gym.envs.rewards import extract_answer, think_answer_format
-from relax_gym.envs.tools import Tool, ToolBox, parse_tool_calls, tool_message, tools_system_prompt
+from relax_gym.envs.tools import MediaRole, Tool, ToolBox, ToolCall, parse_tool_calls, tool_messages, tools_system_prompt
 from relax_gym.omni import Message, TextPart
 
 REMINDER = "Call a tool with <tool_call>{...}</tool_call>, or give your final answer as <think>...</think><answer>...</answer>."
@@ -35,8 +45,20 @@ class ToolEnv(AgentEnv):
     system_prompt_head = "Solve the task. Think inside <think></think> before each action."
 
     def __init__(self, tools: list[Tool], *, max_turns: int = 6, max_calls_per_turn: int = 4,
-                 accuracy_weight: float = 0.9, format_weight: float = 0.1, **kwargs: Any) -> None:
+                 accuracy_weight: float = 0.9, format_weight: float = 0.1,
+                 tool_latency: ToolLatency | dict[str, Any] | None = None, media_role: MediaRole = "tool",
+                 call_cost: float = 0.0, free_calls: int = 0, **kwargs: Any) -> None:
         super().__init__(max_turns=max_turns, **kwargs)
+        if media_role not in ("tool", "user"):
+            raise ValueError(f"media_role must be 'tool' or 'user', got {media_role!r}")
+        if call_cost < 0 or free_calls < 0:
+            raise ValueError(f"call_cost and free_calls must be >= 0, got {call_cost} and {free_calls}")
+        self.media_role = media_role
+        self.call_cost = float(call_cost)
+        self.free_calls = int(free_calls)
+        self.tool_latency = ToolLatency.model_validate(tool_latency) if isinstance(tool_latency, dict) else tool_latency
+        self._latency_rng = None
+        self._unseeded_resets = 0
         if accuracy_weight < 0 or format_weight < 0 or accuracy_weight + format_weight <= 0:
             raise ValueError("reward weights must be >= 0 with a positive sum")
         self.toolbox = ToolBox(tools)
@@ -59,6 +81,12 @@ class ToolEnv(AgentEnv):
 
     # -- AgentEnv ----------------------------------------------------------------------------------------
 
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if self.tool_latency is not None:  # its own RNG, so the tasks are those of the same env without latency
+            self._unseeded_resets += seed is None
+            self._latency_rng = self.tool_latency.rng(seed if seed is not None else -self._unseeded_resets)
+        return super().reset(seed=seed, options=options)
+
     def _reset(self, options: dict[str, Any]) -> Opening:
         self._end_episode()
         self.task = self._make_task(options)
@@ -76,19 +104,32 @@ class ToolEnv(AgentEnv):
             fmt = think_answer_format(action)
             w_acc, w_fmt = self.weights
             reward = (w_acc * accuracy + w_fmt * fmt) / (w_acc + w_fmt)
+            breakdown = {"accuracy": accuracy, "format": fmt}
+            if self.call_cost > 0:
+                charged = min(reward, self.call_cost * max(0, self.tool_calls - self.free_calls))
+                reward -= charged
+                breakdown["call_cost"] = charged
             self._end_episode()
-            return Outcome([], reward, True, {"accuracy": accuracy, "format": fmt}, info=self._counts())
+            return Outcome([], reward, True, breakdown, info=self._counts())
         if not calls:
             return Outcome([Message(role="user", content=(TextPart(REMINDER),))], 0.0, False, {}, gold=self._next_gold(), info=self._counts())
         messages = []
+        waited = 0.0
         for call in calls[: self.max_calls_per_turn]:
             output = self.toolbox.run(call, ctx=self)
+            if self.tool_latency is not None and self._latency_rng is not None and isinstance(call, ToolCall):
+                delay = self.tool_latency.draw(self._latency_rng)
+                self.tool_latency.wait(delay)
+                waited += delay
             self.tool_calls += 1
             self.tool_errors += output.is_error
-            messages.append(tool_message(output, call))
+            messages.extend(tool_messages(output, call, media_role=self.media_role))
         if len(calls) > self.max_calls_per_turn:
             messages.append(Message(role="user", content=(TextPart(f"Only the first {self.max_calls_per_turn} tool calls of a turn are run."),)))
-        return Outcome(messages, 0.0, False, {}, gold=self._next_gold(), info=self._counts())
+        info = self._counts()
+        if self.tool_latency is not None:
+            info["tool_latency_s"] = waited
+        return Outcome(messages, 0.0, False, {}, gold=self._next_gold(), info=info)
 
     def step(self, action):
         obs, reward, terminated, truncated, info = super().step(action)

@@ -4,6 +4,15 @@ results as ``<tool_response>`` messages.
 
 Nothing the model writes raises: a malformed call, an unknown tool, bad arguments or a tool that fails all become
 an error text returned to the model as the tool's response, and the episode goes on.
+
+Tools may return media. A tool's result is a ``str``, a :class:`ToolOutput` (text plus media parts), a single
+media part (``ImagePart`` / ``VideoPart`` / ``AudioPart``) or a list mixing text and parts; :meth:`ToolBox.run`
+turns each into a ``ToolOutput`` and decodes every media part once (through the shared decode cache), so media
+that cannot be decoded (a span past the end of a file, a corrupt buffer) come back as a tool error the model can
+read, instead of failing later when the conversation is rendered. :func:`tool_messages` puts the result into the
+conversation: media inside the ``tool`` message (the default), or, for chat templates that show tool turns as
+text only, in a ``user`` message right after it. Either way they are ordinary parts of the conversation, so every
+later turn keeps them.
 """
 
 from __future__ import annotations
@@ -13,12 +22,15 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError, create_model
 
-from relax_gym.omni import Message, TextPart
-from relax_gym.omni.parts import Part
+from relax_gym.omni import MediaError, Message, TextPart
+from relax_gym.omni.parts import AudioPart, ImagePart, Part, VideoPart
+
+MediaRole = Literal["tool", "user"]
+_MEDIA_TYPES = (ImagePart, VideoPart, AudioPart)
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
@@ -187,9 +199,42 @@ class ToolBox:
             return ToolOutput(text=f"Error: {exc}", is_error=True)
         except Exception as exc:  # a tool bug must not end the episode loop; the model sees a terse error
             return ToolOutput(text=f"Error: tool {call.name} failed: {type(exc).__name__}: {exc}", is_error=True)
-        if isinstance(result, ToolOutput):
-            return result
-        return ToolOutput(text=result if isinstance(result, str) else json.dumps(result))
+        try:
+            output = _as_output(result)
+        except TypeError as exc:
+            return ToolOutput(text=f"Error: tool {call.name} failed: {exc}", is_error=True)
+        return _decoded(output, call.name)
+
+
+def _as_output(result: Any) -> ToolOutput:
+    """A tool's return value as a ToolOutput: text, one media part, or a list of text and media parts."""
+    if isinstance(result, ToolOutput):
+        return result
+    if isinstance(result, str):
+        return ToolOutput(text=result)
+    if isinstance(result, _MEDIA_TYPES):
+        return ToolOutput(parts=[result])
+    if isinstance(result, list | tuple) and any(isinstance(r, _MEDIA_TYPES) for r in result):
+        texts, parts = [], []
+        for item in result:
+            if isinstance(item, str | TextPart):
+                texts.append(item if isinstance(item, str) else item.text)
+            elif isinstance(item, _MEDIA_TYPES):
+                parts.append(item)
+            else:
+                raise TypeError(f"returned a list holding a {type(item).__name__} (only text and media parts go in one)")
+        return ToolOutput(text="\n".join(texts), parts=parts)
+    return ToolOutput(text=json.dumps(result))
+
+
+def _decoded(output: ToolOutput, name: str) -> ToolOutput:
+    """Decode each media part now (results are cached for the renderer); an undecodable one is a tool error."""
+    for part in output.parts:
+        try:
+            part.decode()
+        except MediaError as exc:
+            return ToolOutput(text=f"Error: tool {name} returned {part.kind} that cannot be decoded: {exc.reason}", is_error=True)
+    return output
 
 
 def tool_message(output: ToolOutput, call: ToolCall | BadToolCall) -> Message:
@@ -199,6 +244,21 @@ def tool_message(output: ToolOutput, call: ToolCall | BadToolCall) -> Message:
     body += output.parts
     body.append(TextPart("\n</tool_response>"))
     return Message(role="tool", content=tuple(body), name=name)
+
+
+def tool_messages(output: ToolOutput, call: ToolCall | BadToolCall, *, media_role: MediaRole = "tool") -> list[Message]:
+    """The messages a tool result adds to the conversation. ``media_role="tool"``: one ``tool`` message with the
+    media inside its ``<tool_response>``; ``"user"``: the ``tool`` message carries the text and the media follow
+    in a ``user`` message (for chat templates that render tool turns as plain text)."""
+    if media_role not in ("tool", "user"):
+        raise ValueError(f"media_role must be 'tool' or 'user', got {media_role!r}")
+    if media_role == "tool" or not output.parts:
+        return [tool_message(output, call)]
+    name = call.name if isinstance(call, ToolCall) else "the tool"
+    kinds = ", ".join(p.kind for p in output.parts)
+    text_only = ToolOutput(text=f"{output.text}\n({kinds} in the next message)".lstrip("\n"), is_error=output.is_error)
+    media = Message(role="user", content=(TextPart(f"Media returned by {name}:"), *output.parts))
+    return [tool_message(text_only, call), media]
 
 
 def tools_system_prompt(toolbox: ToolBox) -> str:

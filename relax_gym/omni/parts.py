@@ -122,7 +122,9 @@ class AudioPart:
 
     def summary(self) -> str:
         a = self.decode()
-        return f"[audio {a.duration_s:.2f}s @ {a.sample_rate} Hz, {len(a.waveform)} samples {self.source.name}]"
+        s = self.sampling
+        span = f", {s.start_s:.2f}-{s.start_s + a.duration_s:.2f}s of the source" if s.start_s > 0 or s.end_s is not None else ""
+        return f"[audio {a.duration_s:.2f}s @ {a.sample_rate} Hz, {len(a.waveform)} samples{span} {self.source.name}]"
 
 
 Part = TextPart | ImagePart | VideoPart | AudioPart
