@@ -80,7 +80,7 @@ def av_env():
 def test_cache_folders_carry_their_own_version():
     assert synth.ensure_sample("nextqa-agent").name == f"nextqa-agent-v{synth.AGENT_SAMPLE_VERSION}"
     assert synth.ensure_sample("avqa-agent").name == f"avqa-agent-v{synth.AGENT_SAMPLE_VERSION}"
-    assert synth.sample_version("nextqa") == synth.sample_version("avqa") == synth.SAMPLE_VERSION == 2
+    assert synth.sample_version("nextqa") == synth.sample_version("avqa") == synth.SAMPLE_VERSION == 3
 
 
 def test_nextqa_agent_sample_is_the_nextqa_layout():
@@ -110,7 +110,7 @@ def test_generation_is_deterministic(tmp_path: Path):
 
 
 def test_single_turn_samples_are_unchanged(tmp_path: Path):
-    """The agent writers are additions: the single-turn samples' records are those of SAMPLE_VERSION 2 (hashes
+    """The agent writers are additions: the single-turn samples' records are those of SAMPLE_VERSION 2 and 3 (hashes
     taken from the code before the agent samples existed; the records depend only on the seeded RNG)."""
     synth.write_nextqa_sample(tmp_path / "nq", n_val=6, n_train=2)
     synth.write_avqa_sample(tmp_path / "av", n_valid=6, n_train=3)

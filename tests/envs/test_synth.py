@@ -169,7 +169,7 @@ def test_nextqa_layout(nextqa: Path) -> None:
     assert nextqa.name == f"nextqa-v{synth.SAMPLE_VERSION}"
     vid_map = json.loads((nextqa / "map_vid_vidorID.json").read_text())
     seen_videos: set[str] = set()
-    for split, n in (("val", 48), ("train", 96)):
+    for split, n in (("val", 48), ("train", 2000)):
         text = (nextqa / f"{split}.csv").read_text()
         assert text.splitlines()[0] == NEXTQA_HEADER
         rows = _read_csv(nextqa / f"{split}.csv")
@@ -200,7 +200,7 @@ def test_nextqa_layout(nextqa: Path) -> None:
     # answers are spread over the slots: the media decide them, not a constant letter
     rows = _read_csv(nextqa / "train.csv")
     assert len({r["answer"] for r in rows}) >= 4
-    assert _dir_size(nextqa) < 2 * MB
+    assert _dir_size(nextqa) < 12 * MB
 
 
 def test_nextqa_video_format(nextqa: Path) -> None:
@@ -278,7 +278,7 @@ def test_moving_square_rejects_bad_direction(tmp_path: Path) -> None:
 
 def test_avqa_layout(avqa: Path) -> None:
     assert avqa.name == f"avqa-v{synth.SAMPLE_VERSION}"
-    for split, n in (("valid", 48), ("train", 96)):
+    for split, n in (("valid", 48), ("train", 600)):
         items = json.loads((avqa / split / f"omni_rl_format_{split}.json").read_text())
         assert len(items) == n
         assert [it["problem_id"] for it in items] == list(range(n))
@@ -302,7 +302,7 @@ def test_avqa_layout(avqa: Path) -> None:
         }
     # 144 one-second 16 kHz PCM_16 WAVs are ~32 KB each, so this sample is ~4.9 MB in total;
     # the audio dominates and cannot shrink without changing the specified format.
-    assert _dir_size(avqa) < 6 * MB
+    assert _dir_size(avqa) < 32 * MB
 
 
 def test_avqa_media_format(avqa: Path) -> None:
