@@ -76,7 +76,12 @@ class HFActor:
             self.optimizer.zero_grad(set_to_none=True)
             weights = self._shares(items, algo.aggregation)
             totals: dict[str, float] = {}
-            for idx in _chunks(list(range(len(items))), self.micro_batch_size):
+            # A zero-advantage sample adds nothing to the policy-gradient loss (and, without a KL term, to the
+            # gradient): its share still counts in the normaliser above, so leaving it out of the forward pass
+            # gives the same step for less compute (all-equal groups, and losers under negative_advantage_scale=0).
+            live = [i for i in range(len(items)) if algo.kl_coef > 0 or float(advantages[i]) != 0.0]
+            metrics_share = sum(weights[i] for i in live) or 1.0
+            for idx in _chunks(live, self.micro_batch_size):
                 chunk = [items[i] for i in idx]
                 lps, mask = self.forward_logprobs(chunk, algo.temperature)
                 old_lps = lps.detach() if old is None else _stack([old[i] for i in idx], lps.shape)
@@ -88,11 +93,12 @@ class HFActor:
                 share = sum(weights[i] for i in idx)
                 (out.loss * share).backward()
                 for k, v in out.metrics.items():
-                    totals[k] = totals.get(k, 0.0) + v * share
-                totals["mismatch_kl"] = totals.get("mismatch_kl", 0.0) + share * _mismatch(lps.detach(), rollout, mask)
+                    totals[k] = totals.get(k, 0.0) + v * share / metrics_share
+                totals["mismatch_kl"] = totals.get("mismatch_kl", 0.0) + share / metrics_share * _mismatch(lps.detach(), rollout, mask)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-            self.optimizer.step()
-            metrics = {**totals, "grad_norm": float(grad_norm)}
+            if live:
+                self.optimizer.step()
+            metrics = {**totals, "grad_norm": float(grad_norm), "samples_forwarded": float(len(live))}
         return metrics
 
     def sft_step(self, items: Sequence[Any]) -> dict[str, float]:

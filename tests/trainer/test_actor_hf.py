@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 
@@ -89,3 +91,24 @@ def test_logprobs_on_loss_positions_equal_a_full_forward():
             assert mask[i, :n].bool().equal(on) and int(mask[i, n:].sum()) == 0
             torch.testing.assert_close(lps[i, :n][on], full[on], atol=1e-5, rtol=0)
             assert float(lps[i][~mask[i].bool()].abs().sum()) == 0.0
+
+
+def test_zero_advantage_samples_are_skipped_without_changing_the_step():
+    """Samples with advantage exactly 0 are not forwarded, yet the update equals the one where they are (a 1e-30
+    advantage forces the forward): their share stays in the loss normaliser."""
+    torch.manual_seed(0)
+    model, processor = build_policy()
+    env = relax_gym.make("nextqa-video")
+    rng = np.random.default_rng(0)
+    demos = [demonstration(env, processor, s, rng) for s in (0, 0, 1, 2)]
+    items = [Trajectory(group_id=0, seed=0, input_ids=r.input_ids, loss_mask=r.loss_mask,
+                        rollout_logprobs=[0.0] * len(r.input_ids), mm=r.mm) for r in demos]
+    results = []
+    for tiny in (0.0, 1e-30):
+        m = copy.deepcopy(model)
+        actor = HFActor(m, processor, lr=1e-3, micro_batch_size=2)
+        metrics = actor.rl_step(items, torch.tensor([1.0, tiny, -1.0, tiny]), preset("grpo"))
+        results.append((metrics["samples_forwarded"], [p.detach().clone() for p in m.parameters()]))
+    assert results[0][0] == 2 and results[1][0] == 4
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)  # micro-batches pad differently: float noise only
