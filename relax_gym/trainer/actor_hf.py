@@ -131,58 +131,68 @@ class HFActor:
     def begin_stream(self) -> None:
         """Start a streamed step: gradients are accumulated by :meth:`stream_micro_batch` until :meth:`end_stream`."""
         self.optimizer.zero_grad(set_to_none=True)
-        self._stream_weight = 0.0
+        self._stream_weight = 0.0  # every sample's raw share: the normaliser
+        self._stream_live = 0.0  # the forwarded samples' share: the metrics' normaliser
+        self._stream_forwarded = 0
         self._stream_totals: dict[str, float] = {}
 
     def stream_micro_batch(self, items: Sequence[Any], advantages: torch.Tensor, algo: AlgorithmConfig, *,
                            ref_logprobs: list[torch.Tensor] | None = None,
-                           old_logprobs: list[torch.Tensor] | None = None,
-                           tis_cap: float | None = None) -> list[torch.Tensor]:
+                           old_logprobs: list[torch.Tensor | None] | None = None,
+                           tis_cap: float | None = None) -> list[torch.Tensor | None]:
         """Forward and backward one micro-batch of a streamed step; returns its log-probs (detached, one row per
-        item), which are the old log-probs of any later epoch over the same data.
+        item, None for an item that was not forwarded), the old log-probs of any later epoch over the same data.
 
         The batch size is not known while data still arrives, so each micro-batch's loss is weighted by its raw
         share (its tokens for ``token_mean``, its valid sequences otherwise) and :meth:`end_stream` divides the
-        summed gradients by the total: the same step as :meth:`rl_step` on the whole batch. ``tis_cap``
-        overrides ``algo.tis_cap`` (the async engine's cap for stale samples); with a cap the rollout log-probs
-        weight the policy gradient (truncated importance sampling)."""
+        summed gradients by the total: the same step as :meth:`rl_step` on the whole batch. As there, a
+        zero-advantage sample is not forwarded unless a KL term needs it, but its share stays in the total.
+        ``tis_cap`` overrides ``algo.tis_cap`` (the async engine's cap for stale samples); with a cap the rollout
+        log-probs weight the policy gradient (truncated importance sampling)."""
         items = list(items)
         raw = self._raw_weights(items, algo.aggregation)
-        weight = sum(raw)
-        lps, mask = self.forward_logprobs(items, algo.temperature)
-        if weight == 0:
-            return [row for row in lps.detach()]
+        self._stream_weight += sum(raw)
+        live = [i for i in range(len(items)) if algo.kl_coef > 0 or float(advantages[i]) != 0.0]
+        out_rows: list[torch.Tensor | None] = [None] * len(items)
+        weight = sum(raw[i] for i in live)
+        if not live or weight == 0:
+            return out_rows
+        chunk = [items[i] for i in live]
+        lps, mask = self.forward_logprobs(chunk, algo.temperature)
         shape = lps.shape
-        old = lps.detach() if old_logprobs is None else _stack(old_logprobs, shape)
-        rollout = _stack([torch.tensor(it.rollout_logprobs[1:], dtype=lps.dtype) for it in items], shape)
-        ref = _stack(ref_logprobs, shape) if ref_logprobs is not None else None
+        old = lps.detach() if old_logprobs is None else _stack([old_logprobs[i] for i in live], shape)
+        rollout = _stack([torch.tensor(it.rollout_logprobs[1:], dtype=lps.dtype) for it in chunk], shape)
+        ref = _stack([ref_logprobs[i] for i in live], shape) if ref_logprobs is not None else None
         kwargs = algo.loss_kwargs()
         if tis_cap is not None:
             kwargs["tis_cap"] = tis_cap
-        out = policy_loss(lps, old, advantages, mask, ref_logprobs=ref,
+        out = policy_loss(lps, old, advantages[live], mask, ref_logprobs=ref,
                           rollout_logprobs=rollout if kwargs.get("tis_cap") else None, **kwargs)
         (out.loss * weight).backward()
         totals = self._stream_totals
         for k, v in out.metrics.items():
             totals[k] = totals.get(k, 0.0) + v * weight
         totals["mismatch_kl"] = totals.get("mismatch_kl", 0.0) + weight * _mismatch(lps.detach(), rollout, mask)
-        self._stream_weight += weight
-        return [row for row in lps.detach()]
+        self._stream_live += weight
+        self._stream_forwarded += len(live)
+        for i, row in zip(live, lps.detach()):
+            out_rows[i] = row
+        return out_rows
 
     def end_stream(self) -> dict[str, float]:
         """Finish a streamed step: normalise the accumulated gradients, clip, one optimiser step. Nothing to
-        learn from (no valid token arrived) means no step and no metrics."""
-        total = self._stream_weight
-        if total == 0:
+        learn from (no sample forwarded) means no step and no metrics."""
+        if self._stream_live == 0:
             self.optimizer.zero_grad(set_to_none=True)
             return {}
         for p in self.model.parameters():
             if p.grad is not None:
-                p.grad.div_(total)
+                p.grad.div_(self._stream_weight)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         self.optimizer.step()
-        metrics = {k: v / total for k, v in self._stream_totals.items()}
+        metrics = {k: v / self._stream_live for k, v in self._stream_totals.items()}
         metrics["grad_norm"] = float(grad_norm)
+        metrics["samples_forwarded"] = float(self._stream_forwarded)
         return metrics
 
     @staticmethod

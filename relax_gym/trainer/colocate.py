@@ -26,7 +26,7 @@ import relax_gym
 from relax_gym.trainer.actor_hf import HFActor
 from relax_gym.trainer.algorithms import group_advantages, identical_reward_groups, zero_advantage_share
 from relax_gym.trainer.config import RelaxConfig
-from relax_gym.trainer.demonstrations import demonstration
+from relax_gym.trainer.demonstrations import warmup_batches
 from relax_gym.trainer.engines.client import AsyncEngineClient, EngineClient
 from relax_gym.trainer.engines.coalesce import CoalescingClient
 from relax_gym.trainer.engines.embedded import EmbeddedEngine
@@ -98,12 +98,9 @@ class ColocateTrainer:
             return
         lr = self.cfg.actor.lr
         self.actor.set_lr(t.sft_lr)
-        seed = 1_000_000
-        for step in range(t.sft_warmup_steps):
-            batch = []
-            for _ in range(t.sft_batch_size):
-                batch.append(demonstration(env, self.processor, seed, self.rng, random_answers=t.sft_random_answers))
-                seed += 1
+        batches = warmup_batches(env, self.processor, self.rng, steps=t.sft_warmup_steps, batch_size=t.sft_batch_size,
+                                 random_answers=t.sft_random_answers)
+        for step, batch in enumerate(batches):
             m = self.actor.sft_step(batch)
             self.progress("sft", {"step": step + 1, "of": t.sft_warmup_steps, **m})
             self.metrics.write(-t.sft_warmup_steps + step, m)

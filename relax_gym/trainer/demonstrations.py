@@ -8,6 +8,7 @@ labels, so any accuracy gained later is learned by RL from the media.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -35,3 +36,17 @@ def demonstration(env, processor, seed: int, rng: np.random.Generator, *, random
         if terminated or truncated:
             break
     return render(messages, processor, add_generation_prompt=False)
+
+
+WARMUP_SEED = 1_000_000  # demonstration episodes use seeds from here: apart from rollout and eval seeds
+
+
+def warmup_batches(env, processor, rng: np.random.Generator, *, steps: int, batch_size: int,
+                   random_answers: bool = True) -> Iterator[list[Rendered]]:
+    """The SFT warm-up's batches, ``steps`` of ``batch_size`` demonstrations on consecutive seeds (the same in
+    every trainer mode, so colocate and async runs warm up identically)."""
+    seed = WARMUP_SEED
+    for _ in range(steps):
+        batch = [demonstration(env, processor, seed + i, rng, random_answers=random_answers) for i in range(batch_size)]
+        seed += batch_size
+        yield batch

@@ -10,7 +10,9 @@ the engine, the renderer) ends that episode with a status, masked out of trainin
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +25,15 @@ from relax_gym.trainer.engines.protocol import media_data
 log = logging.getLogger(__name__)
 
 MASKED_STATUSES = frozenset({"env_error", "engine_error"})
+
+# env.reset / env.step run here, not in asyncio's default pool (min(32, cores + 4) threads: 6 on a 2-core machine),
+# so episodes whose steps wait on a tool (a sandbox, a network call) do not queue behind one another. Threads are
+# made only when needed.
+_ENV_THREADS = ThreadPoolExecutor(max_workers=256, thread_name_prefix="env-step")
+
+
+async def _in_env_thread(fn, /, *args, **kwargs):
+    return await asyncio.get_running_loop().run_in_executor(_ENV_THREADS, functools.partial(fn, *args, **kwargs))
 
 
 @dataclass
@@ -52,7 +63,7 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
     """Play one episode. ``env`` is a gymnasium env (stepped in a worker thread); ``client`` an EngineClient."""
     traj = Trajectory(group_id=group_id, seed=seed)
     try:
-        obs, info = await asyncio.to_thread(env.reset, seed=seed, options=options)
+        obs, info = await _in_env_thread(env.reset, seed=seed, options=options)
     except Exception as exc:  # a broken record or media file: this episode is lost, the step goes on
         return _failed(traj, "env_error", exc)
     conversation = list(obs)
@@ -72,7 +83,7 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
         traj.weight_version = out.weight_version
         action = processor.decode(out.output_ids, skip_special_tokens=True)
         try:
-            obs, reward, terminated, truncated, info = await asyncio.to_thread(env.step, action)
+            obs, reward, terminated, truncated, info = await _in_env_thread(env.step, action)
         except Exception as exc:
             return _failed(traj, "env_error", exc, rendered, logprobs)
         traj.reward += float(reward)

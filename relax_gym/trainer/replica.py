@@ -1,0 +1,40 @@
+"""Small things every role replica does when it starts, kept out of the role modules (which never import one
+another): torch thread count, a stable replica name, the policy's processor without building the model."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+__all__ = ["build_processor_only", "replica_name", "setup_replica"]
+
+
+def setup_replica(torch_threads: int | None) -> None:
+    """Pin torch's intra-op threads (a 2-core node runs several compute roles side by side)."""
+    if torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(int(torch_threads))
+        os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads))
+
+
+def replica_name() -> str:
+    """The Serve replica id inside a deployment, else a fresh id (a role object used without Serve)."""
+    try:
+        from ray import serve
+
+        ctx = serve.get_replica_context()
+        return str(getattr(ctx, "replica_tag", None) or ctx.replica_id)
+    except Exception:  # noqa: BLE001 - not inside a Serve replica
+        return f"local-{uuid.uuid4().hex[:8]}"
+
+
+def build_processor_only(model_cfg: Any) -> Any:
+    """The policy's processor (tokenizer, media encoders) without the model's weights."""
+    from relax_gym.trainer.policy.model import build_processor
+    from relax_gym.trainer.policy.processor import OmniProcessor
+
+    if model_cfg.path is not None:
+        return OmniProcessor.from_pretrained(model_cfg.path)
+    return build_processor(model_cfg)
