@@ -30,7 +30,7 @@ def group_fields(group_ids: list[int], rewards: list[float], trainable: list[boo
     if valid:
         r = torch.tensor([rewards[i] for i in valid], dtype=torch.float32)
         g = torch.tensor([group_ids[i] for i in valid], dtype=torch.long)
-        a = group_advantages(r, g, scale=algo.advantage_scale)
+        a = group_advantages(r, g, scale=algo.advantage_scale, negative_scale=algo.negative_advantage_scale)
         same = identical_reward_groups(r, g)
         kept = ~same if algo.dynamic_sampling else torch.ones(len(valid), dtype=torch.bool)
         for j, i in enumerate(valid):
