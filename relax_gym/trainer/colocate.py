@@ -31,6 +31,7 @@ from relax_gym.trainer.engines.client import AsyncEngineClient, EngineClient
 from relax_gym.trainer.engines.coalesce import CoalescingClient
 from relax_gym.trainer.engines.embedded import EmbeddedEngine
 from relax_gym.trainer.engines.http_server import serve
+from relax_gym.trainer.lr_schedule import lr_at, progress
 from relax_gym.trainer.metrics import MetricsWriter
 from relax_gym.trainer.policy import build_policy, save_policy
 from relax_gym.trainer.rollout import Trajectory, run_episode
@@ -181,6 +182,9 @@ class ColocateTrainer:
         step = 0
         for step in range(1, t.steps + 1):
             t0 = time.perf_counter()
+            lr = lr_at(cfg.actor.lr, cfg.actor.lr_schedule, progress(step - 1, t.steps, t0 - start, t.time_budget_s),
+                       cfg.actor.min_lr_ratio)
+            self.actor.set_lr(lr)
             base_seed = t.seed * 10_000_019 + step * 1_000
             seeds = [(base_seed + p, p) for p in range(t.prompts_per_step) for _ in range(t.group_size)]
             trajs = await self._episodes(train_envs, seeds, self._sampling())
@@ -198,7 +202,7 @@ class ColocateTrainer:
                 "accuracy_mean": float(np.mean([x.reward_breakdown.get("accuracy", 0.0) for x in ok])) if ok else 0.0,
                 "format_mean": float(np.mean([x.reward_breakdown.get("format", 0.0) for x in ok])) if ok else 0.0,
                 **{f"status_{k}": v for k, v in statuses.items()},
-                "policy_version": self.version,
+                "policy_version": self.version, "lr": lr,
                 "time_rollout_s": t1 - t0, "time_train_s": t2 - t1, "time_sync_s": t3 - t2, "time_step_s": t3 - t0,
                 "rollout_tokens_per_s": completion / max(t1 - t0, 1e-9),
                 "elapsed_s": time.perf_counter() - start,

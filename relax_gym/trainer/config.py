@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relax_gym.trainer.algorithms import AlgorithmConfig
 from relax_gym.trainer.config_loader import ConfigError, load_config
+from relax_gym.trainer.lr_schedule import LRSchedule
 from relax_gym.trainer.policy import PolicyConfig
 
 __all__ = ["ConfigError", "RelaxConfig", "load_recipe"]
@@ -46,6 +47,8 @@ class InferenceSection(_Section):
 class ActorSection(_Section):
     backend: Literal["hf"] = "hf"
     lr: float = Field(default=2e-4, gt=0)
+    lr_schedule: LRSchedule = "constant"  # RL phase: decay to min_lr_ratio * lr over the run (steps or time budget)
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = Field(default=0.0, ge=0)
     grad_clip: float = Field(default=1.0, gt=0)

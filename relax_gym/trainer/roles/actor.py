@@ -32,6 +32,7 @@ import relax_gym
 from relax_gym.trainer.actor_hf import HFActor
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.demonstrations import warmup_batches
+from relax_gym.trainer.lr_schedule import lr_at, progress
 from relax_gym.trainer.policy import build_policy, save_policy
 from relax_gym.trainer.replica import setup_replica
 from relax_gym.trainer.samples import TRAIN_FIELDS, TrainItem, train_items
@@ -84,6 +85,7 @@ class ActorRole:
         """The SFT warm-up on format demonstrations (as the colocate trainer runs it), then the first weight push.
         Answers the per-step SFT metrics and the policy version the engines now serve."""
         t = self.cfg.trainer
+        self._run_start = time.perf_counter()  # the learning-rate schedule's clock (see lr_schedule.progress)
         rows: list[dict[str, float]] = []
         if t.sft_warmup_steps > 0:
             rows = await asyncio.to_thread(self._sft)
@@ -129,7 +131,9 @@ class ActorRole:
                          with_reference: bool = False) -> dict[str, Any]:
         """Train on the ``n_rows`` rows of ``partition`` as they become ready; one optimiser step; push weights."""
         bus = self._ready()
-        algo = self.cfg.algorithm
+        algo, a, t = self.cfg.algorithm, self.cfg.actor, self.cfg.trainer
+        elapsed = time.perf_counter() - getattr(self, "_run_start", time.perf_counter())
+        self.actor.set_lr(lr_at(a.lr, a.lr_schedule, progress(partition, t.steps, elapsed, t.time_budget_s), a.min_lr_ratio))
         tis_cap = self._tis_cap(max_staleness)
         fields = list(TRAIN_FIELDS) + (["ref_logprobs"] if with_reference else [])
         trained_version = self.version  # the policy these gradients are taken at
