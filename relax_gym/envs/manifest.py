@@ -46,14 +46,14 @@ class EnvManifest(BaseModel):
     @field_validator("id")
     @classmethod
     def _id(cls, v: str) -> str:
-        if not _ID.match(v):
+        if not _ID.fullmatch(v):
             raise ValueError(f"{v!r} is not a valid env id (lowercase letters, digits, '-', '_', '.')")
         return v
 
     @field_validator("entry_point")
     @classmethod
     def _entry_point(cls, v: str | None) -> str | None:
-        if v is not None and not _ENTRY_POINT.match(v):
+        if v is not None and not _ENTRY_POINT.fullmatch(v):
             raise ValueError(f"{v!r} is not 'module.path:ClassName'")
         return v
 
@@ -82,16 +82,20 @@ class EnvManifest(BaseModel):
 def load_manifest(path: Path) -> EnvManifest:
     """Read and validate one ``env.toml`` (or the ``env.toml`` inside a folder)."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and path.name != MANIFEST_NAME:  # a folder called env.toml is a broken manifest, not a folder
         path = path / MANIFEST_NAME
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ManifestError(path, "file not found") from None
+    except OSError as exc:  # a folder where the file should be, no permission, ...
+        raise ManifestError(path, f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ManifestError(path, f"not UTF-8 text (byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(path, f"invalid TOML: {exc}") from None
+    except RecursionError:
+        raise ManifestError(path, "invalid TOML: arrays or tables nested too deeply") from None
     try:
         return EnvManifest.model_validate(data)
     except ValidationError as exc:

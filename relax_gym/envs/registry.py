@@ -89,9 +89,13 @@ def register(
             raise ValueError(f"env id {short!r} is already registered (from {_specs[short].source}); pass override=True to replace it")
         ep = entry_point if isinstance(entry_point, str) else f"{entry_point.__module__}:{entry_point.__qualname__}"
         gym_id = f"{NAMESPACE}/{short}"
-        if gym_id in gymnasium.registry:
-            del gymnasium.registry[gym_id]
-        gymnasium.register(id=gym_id, entry_point=entry_point, kwargs=dict(kwargs or {}), disable_env_checker=False)
+        previous = gymnasium.registry.pop(gym_id, None)
+        try:
+            gymnasium.register(id=gym_id, entry_point=entry_point, kwargs=dict(kwargs or {}), disable_env_checker=False)
+        except gymnasium.error.Error as exc:  # e.g. "x-v1" next to an unversioned "x": gymnasium refuses the pair
+            if previous is not None:
+                gymnasium.registry[gym_id] = previous
+            raise ValueError(f"env id {short!r} cannot be registered in gymnasium: {exc}") from None
         spec_ = EnvSpec(id=short, entry_point=ep, kwargs=dict(kwargs or {}), source=source, description=description, modalities=tuple(modalities), manifest=manifest)
         _specs[short] = spec_
         return spec_
@@ -99,10 +103,13 @@ def register(
 
 def register_manifest(path: Path, *, override: bool = False) -> EnvSpec:
     m = load_manifest(path)
-    return register(
-        m.id, m.resolved_entry_point(), m.constructor_kwargs(), description=m.description,
-        modalities=m.modalities, source=str(Path(path)), manifest=m, override=override,
-    )
+    try:
+        return register(
+            m.id, m.resolved_entry_point(), m.constructor_kwargs(), description=m.description,
+            modalities=m.modalities, source=str(Path(path)), manifest=m, override=override,
+        )
+    except ValueError as exc:
+        raise ManifestError(path, str(exc), field="id") from None
 
 
 def make(id: str, **kwargs: Any) -> gymnasium.Env:

@@ -156,17 +156,23 @@ def _parse_one(raw: str) -> ToolCall | BadToolCall:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
         return BadToolCall(raw=raw[:200], error=f"the tool call is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})")
+    except (ValueError, RecursionError) as exc:  # an integer too long to convert, nesting deeper than the stack
+        return BadToolCall(raw=raw[:200], error=f"the tool call is not usable JSON ({_json_limit(exc)})")
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return BadToolCall(raw=raw[:200], error='a tool call must be a JSON object {"name": "...", "arguments": {...}}')
     args = obj.get("arguments", {})
     if isinstance(args, str):  # some models emit the arguments as a JSON string
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
             return BadToolCall(raw=raw[:200], error="'arguments' is a string that is not valid JSON")
     if not isinstance(args, dict):
         return BadToolCall(raw=raw[:200], error="'arguments' must be a JSON object")
     return ToolCall(name=obj["name"], arguments=args)
+
+
+def _json_limit(exc: ValueError | RecursionError) -> str:
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(":")[0]
 
 
 # ---------------------------------------------------------------------------------------------- running

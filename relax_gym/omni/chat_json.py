@@ -76,6 +76,10 @@ def loads(text: str) -> list[Message]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConversationFormatError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+    except RecursionError:
+        raise ConversationFormatError("invalid JSON: nested too deeply") from None
+    except ValueError as exc:  # an integer longer than Python converts
+        raise ConversationFormatError(f"invalid JSON: {str(exc).split(':')[0]}") from None
     return from_openai(data)
 
 
@@ -159,9 +163,10 @@ def _source_from_url(url: str, where: str) -> MediaSource:
         except ValueError as exc:
             raise ConversationFormatError(f"{where}: data URL is not valid base64") from exc
         if mime == _NPY_MIME:
+            # MemoryError: a header may claim more elements than memory holds (the data behind it is never that long)
             try:
                 array = np.load(io.BytesIO(data), allow_pickle=False)
-            except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
+            except (ValueError, EOFError, OSError, zipfile.BadZipFile, MemoryError) as exc:
                 raise ConversationFormatError(f"{where}: data URL holds no valid .npy array ({exc})") from exc
             if not isinstance(array, np.ndarray):
                 raise ConversationFormatError(f"{where}: data URL holds an .npz archive, not one .npy array")
@@ -171,7 +176,10 @@ def _source_from_url(url: str, where: str) -> MediaSource:
                 raise ConversationFormatError(f"{where}: data URL rate={params['rate']!r} is not a number") from None
             return MediaSource(array=array, rate=rate)
         return MediaSource(data=data, mime=mime or None)
-    parsed = urlparse(url)
+    try:
+        parsed = urlparse(url)
+    except ValueError as exc:  # e.g. an unclosed "[" in the host
+        raise ConversationFormatError(f"{where}: malformed URL ({exc})") from None
     if parsed.scheme == "file":
         return MediaSource(path=Path(unquote(parsed.path)))
     if parsed.scheme == "":

@@ -197,7 +197,7 @@ def decode_image(source: Path | bytes, spec: ImageSampling, *, name: str | None 
         with Image.open(_as_file(source)) as img:
             img.load()
             rgb = img.convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise MediaError(label, f"cannot decode image: {exc}") from exc
     return _readonly(image_to_array(rgb, spec))
 
@@ -243,7 +243,10 @@ def audio_from_array(wave: np.ndarray, rate: float, spec: AudioSampling, *, name
         raise MediaError(name, f"start_s={spec.start_s} is past the end of the audio ({len(wave) / rate:.3f} s)")
     wave = wave[first:last]
     # Always a private copy: the result is cached read-only and must not alias the caller's array.
-    wave = resample(wave, rate, spec.sample_rate) if rate != spec.sample_rate else np.array(wave, dtype=np.float32)
+    try:
+        wave = resample(wave, rate, spec.sample_rate) if rate != spec.sample_rate else np.array(wave, dtype=np.float32)
+    except (av.FFmpegError, ValueError) as exc:  # a rate libswresample refuses (a damaged header, say)
+        raise MediaError(name, f"cannot resample audio from {rate} Hz to {spec.sample_rate} Hz: {exc}") from exc
     return DecodedAudio(waveform=_readonly(np.ascontiguousarray(wave, dtype=np.float32)), sample_rate=spec.sample_rate)
 
 

@@ -32,12 +32,18 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...],
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ConfigError(f"{path}: recipe file not found") from None
+        except OSError as exc:  # a folder, no permission, ...
+            raise ConfigError(f"{path}: cannot read the recipe: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
             raise ConfigError(f"{path}{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+        except (ValueError, RecursionError) as exc:  # a date that does not exist (2001-13-45), nesting too deep
+            raise ConfigError(f"{path}: invalid YAML: {_yaml_problem(exc)}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: a recipe must be a mapping of sections, got {type(loaded).__name__}")
         data = loaded or {}
@@ -59,11 +65,15 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(f"override {item!r} must look like section.key=value (e.g. trainer.steps=50)")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw  # not YAML: keep the text, the schema decides
+    except (yaml.YAMLError, ValueError, RecursionError):
+        value = raw  # not YAML (or a value YAML cannot build, such as 2001-13-45): keep the text, the schema decides
     if isinstance(value, dict) and not raw.strip().startswith("{"):
         value = raw  # "a: b" inside a value is text, not a mapping
     return key, value
+
+
+def _yaml_problem(exc: ValueError | RecursionError) -> str:
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
 
 
 def set_dotted(data: dict[str, Any], key: str, value: Any, item: str = "") -> None:

@@ -59,6 +59,21 @@ def read_utf8(path: Path) -> str:
         raise DatasetError(path, f"invalid UTF-8 (byte 0x{raw[exc.start]:02x} at column {column})", line=line) from exc
 
 
+def is_file(path: Path) -> bool:
+    """``path.is_file()``, except that a path the OS refuses to look up (a name over its length limit) is simply
+    not a file, instead of an ``OSError``."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
+def json_problem(exc: ValueError | RecursionError) -> str:
+    """Why ``json.loads`` refused a text that is not a syntax error: nesting beyond the interpreter's stack, or an
+    integer longer than Python converts."""
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(":")[0]
+
+
 def resolve_media(base: Path, value: str) -> Path:
     """A media path from a dataset record: absolute as is, relative to the record file's folder otherwise."""
     p = Path(value)

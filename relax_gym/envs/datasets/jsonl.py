@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from relax_gym.envs.datasets.base import DatasetError, McqSample, read_utf8, resolve_media
+from relax_gym.envs.datasets.base import DatasetError, McqSample, is_file, json_problem, read_utf8, resolve_media
 from relax_gym.envs.rewards import LETTERS
 
 
@@ -31,7 +31,8 @@ class JsonlRecord(BaseModel):
 def load_jsonl(path: Path) -> list[McqSample]:
     path = Path(path)
     samples = []
-    for line_no, line in enumerate(read_utf8(path).splitlines(), start=1):
+    # lines end at "\n" only: str.splitlines would also split at U+2028, U+0085, ... inside JSON strings
+    for line_no, line in enumerate(read_utf8(path).split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -41,9 +42,16 @@ def load_jsonl(path: Path) -> list[McqSample]:
         except ValidationError as exc:
             err = exc.errors()[0]
             raise DatasetError(path, err["msg"], line=line_no, field=".".join(map(str, err["loc"])) or None) from None
+        except (ValueError, RecursionError) as exc:  # after ValidationError, which is a ValueError too
+            raise DatasetError(path, f"invalid JSON: {json_problem(exc)}", line=line_no) from None
+        if not rec.question.strip():
+            raise DatasetError(path, "empty question", line=line_no, field="question")
         n = len(rec.options)
         if not 2 <= n <= len(LETTERS):
             raise DatasetError(path, f"needs 2..{len(LETTERS)} options, got {n}", line=line_no, field="options")
+        empty = next((i for i, option in enumerate(rec.options) if not option.strip()), None)
+        if empty is not None:
+            raise DatasetError(path, "empty option", line=line_no, field=f"options.{empty}")
         if isinstance(rec.answer, int):
             index = rec.answer
         else:
@@ -56,7 +64,7 @@ def load_jsonl(path: Path) -> list[McqSample]:
             value = getattr(rec, kind)
             if value is not None:
                 file = resolve_media(path.parent, value)
-                if not file.is_file():
+                if not is_file(file):
                     raise DatasetError(path, f"{kind} file not found: {file}", line=line_no, field=kind)
                 media[kind] = file
         samples.append(McqSample(

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from relax_gym.envs.datasets.base import DatasetError, McqSample, read_utf8
+from relax_gym.envs.datasets.base import DatasetError, McqSample, is_file, json_problem, read_utf8
 
 COLUMNS = ("video", "frame_count", "width", "height", "question", "answer", "qid", "type", "a0", "a1", "a2", "a3", "a4")
 OPTION_COLUMNS = ("a0", "a1", "a2", "a3", "a4")
@@ -27,6 +27,14 @@ def load_nextqa(csv_path: Path, video_root: Path, map_path: Path | None = None, 
     csv_path = Path(csv_path)
     mapping = _load_map(map_path) if map_path is not None else {}
     reader = csv.DictReader(io.StringIO(read_utf8(csv_path), newline=""))
+    try:
+        return _load_rows(csv_path, reader, video_root, mapping, on_missing)
+    except csv.Error as exc:  # e.g. a cell over the csv module's size limit
+        raise DatasetError(csv_path, f"malformed CSV: {exc}", line=reader.line_num) from None
+
+
+def _load_rows(csv_path: Path, reader: csv.DictReader, video_root: Path, mapping: dict[str, str],
+               on_missing: OnMissing) -> list[McqSample]:
     header = tuple(reader.fieldnames or ())
     missing = [c for c in COLUMNS if c not in header]
     if missing:
@@ -64,6 +72,8 @@ def _load_map(map_path: Path) -> dict[str, str]:
         mapping = json.loads(read_utf8(map_path))
     except json.JSONDecodeError as exc:
         raise DatasetError(map_path, f"invalid JSON: {exc.msg}", line=exc.lineno) from exc
+    except (ValueError, RecursionError) as exc:
+        raise DatasetError(map_path, f"invalid JSON: {json_problem(exc)}") from None
     if not isinstance(mapping, dict) or not all(isinstance(v, str) for v in mapping.values()):
         raise DatasetError(map_path, 'must be a JSON object {"video id": "folder/video id"}')
     return {str(k): v for k, v in mapping.items()}
@@ -93,7 +103,7 @@ def _row_to_sample(csv_path: Path, row_no: int, row: dict[str, str], video_root:
         raise DatasetError(csv_path, "empty question", row=row_no, field="question")
     relative = mapping.get(video_id, video_id)
     video = video_root / f"{relative}.mp4"
-    if not video.is_file():
+    if not is_file(video):
         if on_missing == "skip":
             return None
         hint = "" if mapping else f" (no {MAP_FILE} was given; real NExT-QA clips sit in folders listed there)"

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from relax_gym.envs.datasets.base import DatasetError, McqSample, read_utf8, resolve_media
+from relax_gym.envs.datasets.base import DatasetError, McqSample, is_file, json_problem, read_utf8, resolve_media
 from relax_gym.envs.rewards import LETTERS, extract_answer
 
 MEDIA_KINDS = ("image", "audio", "video")
@@ -88,17 +88,22 @@ def _read_records(path: Path) -> list[tuple[Any, int | None]]:
     text = read_utf8(path)
     if path.suffix == ".jsonl":
         out = []
-        for line_no, line in enumerate(text.splitlines(), start=1):
+        # JSON lines end at "\n" only: str.splitlines would also split at U+2028, U+0085, ... inside strings
+        for line_no, line in enumerate(text.split("\n"), start=1):
             if line.strip():
                 try:
                     out.append((json.loads(line), line_no))
                 except json.JSONDecodeError as exc:
                     raise DatasetError(path, f"invalid JSON: {exc.msg}", line=line_no) from exc
+                except (ValueError, RecursionError) as exc:
+                    raise DatasetError(path, f"invalid JSON: {json_problem(exc)}", line=line_no) from None
         return out
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DatasetError(path, f"invalid JSON: {exc.msg} (column {exc.colno})", line=exc.lineno) from exc
+    except (ValueError, RecursionError) as exc:
+        raise DatasetError(path, f"invalid JSON: {json_problem(exc)}") from None
     if not isinstance(data, list):
         raise DatasetError(path, f"expected a JSON list of records, got {type(data).__name__}")
     return [(item, None) for item in data]
@@ -127,7 +132,7 @@ def _to_sample(path: Path, base: Path, rec: R1Record, index: int, where: dict[st
     media = {}
     for kind, rel in paths.items():
         file = resolve_media(base, rel)
-        if not file.is_file():
+        if not is_file(file):
             raise DatasetError(path, f"{kind} file not found: {file}", field=f"path.{kind}", **where)
         media[kind] = file
     if kinds is not None and set(kinds) - set(media):

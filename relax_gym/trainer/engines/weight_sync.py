@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -44,6 +45,21 @@ DEFAULT_GROUP_NAME = "weight_update_group"
 FLATTENED_BUCKET = "flattened_bucket"  # SGLang's load_format for one broadcast per call
 BACKENDS = ("gloo", "nccl")
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def _loopback_listener(address: str, port: int) -> int:
+    """The file descriptor of a TCP socket listening on loopback ``address:port``; the store that receives it owns
+    it (and closes it) from then on."""
+    family, host = (socket.AF_INET6, "::1") if address == "::1" else (socket.AF_INET, "127.0.0.1")
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -86,8 +102,11 @@ class WeightUpdateGroup:
         self.rank, self.world_size = int(rank), int(world_size)
         self.group_name, self.backend = group_name, backend
         timeout = datetime.timedelta(seconds=timeout_s)
+        # torch's store listens on every interface whatever address it is given; on loopback, hand it a socket
+        # that listens on loopback only (the store serves unauthenticated reads and writes to whoever connects)
+        listen_fd = _loopback_listener(master_address, self.master_port) if rank == 0 and master_address in _LOOPBACK else None
         self._store = dist.TCPStore(master_address, self.master_port, world_size, is_master=(rank == 0),
-                                    timeout=timeout, wait_for_workers=False)
+                                    timeout=timeout, wait_for_workers=False, master_listen_fd=listen_fd)
         prefix = dist.PrefixStore(f"{group_name}/", self._store)
         if backend == "nccl":
             self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
