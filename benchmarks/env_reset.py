@@ -1,6 +1,7 @@
 """Env reset latency: p50 of reset() (which decodes the observation's media) with a cold decode cache and with
 a warm one, for nextqa-video and echo-ink on their bundled samples, and for nextqa-video on NExT-QA-sized clips
-(640x480, 30 fps, 20 s, written here in the NExT-QA layout). Run: `python benchmarks/env_reset.py`."""
+(640x480, 30 fps, 20 s, written here in the NExT-QA layout). Run: `python benchmarks/env_reset.py`;
+``run(quick)`` returns the figures as a dict (quick: fewer resets and two large clips instead of four)."""
 
 from __future__ import annotations
 
@@ -46,24 +47,37 @@ def write_large_nextqa(root: Path, clips: int = 4) -> Path:
     return root
 
 
+def run(quick: bool = False, *, resets: int | None = None) -> dict:
+    """Measure every case; returns ``{"resets": N, "cases": [{"label", "env", "cold_p50_ms", "cached_p50_ms",
+    "cold_over_cached"}, ...]}``. ``resets`` per measurement (default 40, quick 10); the large clips get a fifth."""
+    resets = resets or (10 if quick else 40)
+    cases_out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        large = str(write_large_nextqa(Path(tmp), clips=2 if quick else 4))
+        cases = [("nextqa-video", "nextqa-video", {}), ("echo-ink", "echo-ink", {}),
+                 ("nextqa-video 640x480 30fps 20s", "nextqa-video", {"data_dir": large})]
+        for label, env_id, kwargs in cases:
+            env = relax_gym.make(env_id, **kwargs)
+            seeds = range(resets if not kwargs else max(4, resets // 5))
+            p50_reset_ms(env, seeds, cold=False)  # warm-up: sample generation, imports, file hashes
+            cold = p50_reset_ms(env, seeds, cold=True)
+            p50_reset_ms(env, seeds, cold=False)  # fills the cache with every clip these seeds pick
+            cached = p50_reset_ms(env, seeds, cold=False)
+            env.close()
+            cases_out.append({"label": label, "env": env_id, "cold_p50_ms": cold, "cached_p50_ms": cached,
+                              "cold_over_cached": cold / cached})
+    return {"resets": resets, "cases": cases_out}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--resets", type=int, default=40, help="resets per measurement")
     args = parser.parse_args()
     table = Table("env", "cold p50 (ms)", "cached p50 (ms)", "cold / cached", title="env reset (decode included)")
-    tmp = tempfile.TemporaryDirectory()
-    cases = [("nextqa-video", "nextqa-video", {}), ("echo-ink", "echo-ink", {}),
-             ("nextqa-video 640x480 30fps 20s", "nextqa-video", {"data_dir": str(write_large_nextqa(Path(tmp.name)))})]
-    for label, env_id, kwargs in cases:
-        env = relax_gym.make(env_id, **kwargs)
-        seeds = range(args.resets if not kwargs else max(4, args.resets // 5))
-        p50_reset_ms(env, seeds, cold=False)  # warm-up: sample generation, imports, file hashes
-        cold = p50_reset_ms(env, seeds, cold=True)
-        p50_reset_ms(env, seeds, cold=False)  # fills the cache with every clip these seeds pick
-        cached = p50_reset_ms(env, seeds, cold=False)
-        table.add_row(label, f"{cold:.2f}", f"{cached:.3f}", f"{cold / cached:.1f}x")
+    for case in run(resets=args.resets)["cases"]:
+        table.add_row(case["label"], f"{case['cold_p50_ms']:.2f}", f"{case['cached_p50_ms']:.3f}",
+                      f"{case['cold_over_cached']:.1f}x")
     Console().print(table)
-    tmp.cleanup()
 
 
 if __name__ == "__main__":

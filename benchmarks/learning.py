@@ -6,12 +6,17 @@ start (after the format warm-up) and at the end, with the gain; then the embedde
 
 Each seed is one full run (the recipe's time budget: 14 minutes on the 2-core reference machine). Run dirs go to
 runs/bench-learning-seed<N>.
+
+``run(quick)`` returns the figures as a dict. ``quick=True`` is a smoke run, not the learning figure: one seed, a
+short warm-up and 8 RL steps (under a minute on the reference machine), to exercise the pipeline end to end; its
+eval rewards say nothing about whether the recipe learns within 15 minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 from rich.console import Console
@@ -22,12 +27,45 @@ from relax_gym.trainer.config import load_recipe
 from relax_gym.trainer.engines import bench as engine_bench
 
 
-def _best(run_dir: Path) -> str:
+def _best_eval(run_dir: Path) -> tuple[float, int]:
     """The highest held-out eval reward the run reached, and at which step (for the curve's shape, not the bar)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [(r["eval_reward"], r["step"]) for r in rows if "eval_reward" in r]
     reward, step = max(evals)
-    return f"{reward:.3f} ({step})"
+    return reward, step
+
+
+# A smoke-sized run of the same recipe: the pipeline end to end, not the 15-minute learning figure.
+QUICK_OVERRIDES = ["trainer.steps=8", "trainer.sft_warmup_steps=15", "trainer.eval_every=8", "trainer.eval_episodes=16",
+                   "trainer.checkpoint_every=1000", "trainer.time_budget_s=150", "metrics.tensorboard=false"]
+
+
+def run(quick: bool = False, *, recipe: str = "recipes/cpu-nextqa.yaml", seeds: list[int] | None = None,
+        overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """Train ``recipe`` once per seed and measure the engine's throughput. Returns ``{"recipe", "quick",
+    "overrides", "seeds": [{"seed", "steps", "minutes", "eval_reward_start", "eval_reward_end", "gain",
+    "eval_accuracy_end", "best_eval_reward", "best_step", "run_dir"}], "engine": {...}}`` (``engine``: what
+    :func:`relax_gym.trainer.engines.bench.run` returns)."""
+    seeds = seeds if seeds is not None else ([0] if quick else [0, 1])
+    overrides = [*(QUICK_OVERRIDES if quick else []), *overrides]
+    rows = []
+    for seed in seeds:
+        run_dir = Path("runs") / (f"bench-learning-quick-seed{seed}" if quick else f"bench-learning-seed{seed}")
+        cfg = load_recipe(recipe, [*overrides, f"trainer.seed={seed}", f"model.seed={seed}"])
+        if quick:
+            shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends: a rerun must not mix with the last
+        trainer = ColocateTrainer(cfg, run_dir)
+        try:
+            s = trainer.run()
+        finally:
+            trainer.close()
+        best_reward, best_step = _best_eval(run_dir)
+        rows.append({"seed": seed, "steps": s["steps"], "minutes": s["elapsed_s"] / 60,
+                     "eval_reward_start": s["eval_reward_start"], "eval_reward_end": s["eval_reward_end"],
+                     "gain": s["eval_reward_end"] - s["eval_reward_start"], "eval_accuracy_end": s["eval_accuracy_end"],
+                     "best_eval_reward": best_reward, "best_step": best_step, "run_dir": str(run_dir)})
+    engine = engine_bench.run(repeats=2) if quick else engine_bench.run()
+    return {"recipe": recipe, "quick": quick, "overrides": overrides, "seeds": rows, "engine": engine}
 
 
 def main() -> None:
@@ -36,21 +74,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied to every seed")
     args = parser.parse_args()
+    result = run(recipe=args.recipe, seeds=args.seeds, overrides=args.overrides)
     table = Table("seed", "steps", "minutes", "eval reward start", "eval reward end", "gain", "eval accuracy end",
                   "best eval reward (step)", title=f"learning: {args.recipe}")
-    for seed in args.seeds:
-        cfg = load_recipe(args.recipe, [*args.overrides, f"trainer.seed={seed}", f"model.seed={seed}"])
-        trainer = ColocateTrainer(cfg, Path("runs") / f"bench-learning-seed{seed}")
-        try:
-            s = trainer.run()
-        finally:
-            trainer.close()
-        table.add_row(str(seed), str(s["steps"]), f"{s['elapsed_s'] / 60:.1f}", f"{s['eval_reward_start']:.3f}",
-                      f"{s['eval_reward_end']:.3f}", f"{s['eval_reward_end'] - s['eval_reward_start']:+.3f}",
-                      f"{s['eval_accuracy_end']:.3f}", _best(Path("runs") / f"bench-learning-seed{seed}"))
+    for r in result["seeds"]:
+        table.add_row(str(r["seed"]), str(r["steps"]), f"{r['minutes']:.1f}", f"{r['eval_reward_start']:.3f}",
+                      f"{r['eval_reward_end']:.3f}", f"{r['gain']:+.3f}", f"{r['eval_accuracy_end']:.3f}",
+                      f"{r['best_eval_reward']:.3f} ({r['best_step']})")
     Console().print(table)
-    tput = engine_bench.run()
-    Console().print(tput)
+    Console().print(result["engine"])
 
 
 if __name__ == "__main__":

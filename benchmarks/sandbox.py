@@ -6,7 +6,9 @@
   container, interleaved (ratio);
 - throughput: 32 concurrent tool-use episodes (gold policy: one python call + answer), episodes/s per backend.
 
-Run: `python benchmarks/sandbox.py [--repeats 30]`. Backends that cannot run here are reported, not measured.
+Run: `python benchmarks/sandbox.py [--repeats 30]`. Backends that cannot run here are reported, not measured;
+``run(quick)`` returns the figures as a dict (quick: 10 repeats, 8 episodes), or ``{"skipped": reason}`` when
+no backend works here.
 """
 
 from __future__ import annotations
@@ -107,27 +109,56 @@ def episodes_per_s(name: str, episodes: int = 32) -> float:
     return episodes / elapsed
 
 
+def run(quick: bool = False, *, repeats: int | None = None, episodes: int | None = None) -> dict:
+    """Measure what the working backends allow. Returns ``{"repeats", "episodes", "backends": {name: {"problem",
+    and when it works "acquire_p50_ms", "acquire_p99_ms", "episodes_per_s"}}, "bwrap_exec": {"ours_ms", "bare_ms",
+    "ratio"}, "docker_exec": {"ours_ms", "raw_ms", "ratio"}}`` (an exec entry only for a working backend), or
+    ``{"skipped": reason}`` when neither backend works here."""
+    repeats = repeats or (10 if quick else 30)
+    episodes = episodes or (8 if quick else 32)
+    problems = doctor()
+    if all(problems.values()):
+        return {"skipped": "no sandbox backend works here: " + "; ".join(f"{k}: {v}" for k, v in problems.items())}
+    result: dict = {"repeats": repeats, "episodes": episodes, "backends": {}}
+    for name, problem in problems.items():
+        entry: dict = {"problem": problem}
+        if problem is None:
+            entry["acquire_p50_ms"], entry["acquire_p99_ms"] = asyncio.run(warm_acquire_ms(name, repeats))
+        result["backends"][name] = entry
+    if problems["bwrap"] is None:
+        ours, bare = asyncio.run(bwrap_vs_bare(repeats))
+        result["bwrap_exec"] = {"ours_ms": ours, "bare_ms": bare, "ratio": ours / bare}
+    if problems["docker"] is None:
+        ours, raw = asyncio.run(docker_vs_sdk(repeats))
+        result["docker_exec"] = {"ours_ms": ours, "raw_ms": raw, "ratio": ours / raw}
+    for name, entry in result["backends"].items():
+        if entry["problem"] is None:
+            entry["episodes_per_s"] = episodes_per_s(name, episodes)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
-    available = {name: problem is None for name, problem in doctor().items()}
+    result = run(repeats=args.repeats)
     table = Table("figure", "backend", "value", "target", title="sandboxes")
+    backends = result.get("backends") or {name: {"problem": problem} for name, problem in doctor().items()}
     for name in ("docker", "bwrap"):
-        if not available[name]:
-            table.add_row("(unavailable)", name, doctor()[name] or "", "")
+        entry = backends[name]
+        if entry["problem"] is not None:
+            table.add_row("(unavailable)", name, entry["problem"] or "", "")
             continue
-        p50, p99 = asyncio.run(warm_acquire_ms(name, args.repeats))
-        table.add_row("warm acquire p50 / p99", name, f"{p50:.3f} / {p99:.3f} ms", "p50 <= 5 ms")
-    if available["bwrap"]:
-        ours, bare = asyncio.run(bwrap_vs_bare(args.repeats))
-        table.add_row("python3 -c pass: bwrap / bare subprocess", "bwrap", f"{ours:.1f} / {bare:.1f} ms = {ours / bare:.2f}x", "<= 1.5x")
-    if available["docker"]:
-        ours, raw = asyncio.run(docker_vs_sdk(args.repeats))
-        table.add_row("python3 -c pass: our exec / raw SDK exec_run", "docker", f"{ours:.1f} / {raw:.1f} ms = {ours / raw:.2f}x", "<= 1.2x")
+        table.add_row("warm acquire p50 / p99", name, f"{entry['acquire_p50_ms']:.3f} / {entry['acquire_p99_ms']:.3f} ms", "p50 <= 5 ms")
+    if "bwrap_exec" in result:
+        r = result["bwrap_exec"]
+        table.add_row("python3 -c pass: bwrap / bare subprocess", "bwrap", f"{r['ours_ms']:.1f} / {r['bare_ms']:.1f} ms = {r['ratio']:.2f}x", "<= 1.5x")
+    if "docker_exec" in result:
+        r = result["docker_exec"]
+        table.add_row("python3 -c pass: our exec / raw SDK exec_run", "docker", f"{r['ours_ms']:.1f} / {r['raw_ms']:.1f} ms = {r['ratio']:.2f}x", "<= 1.2x")
     for name in ("docker", "bwrap"):
-        if available[name]:
-            table.add_row("32 concurrent tool-use episodes", name, f"{episodes_per_s(name):.2f} episodes/s", "")
+        if backends[name].get("episodes_per_s") is not None:
+            table.add_row(f"{result['episodes']} concurrent tool-use episodes", name, f"{backends[name]['episodes_per_s']:.2f} episodes/s", "")
     Console().print(table)
 
 

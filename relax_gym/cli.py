@@ -61,7 +61,7 @@ def envs_list() -> None:
     console.print(table)
     errors = registry.discovery_errors()
     for e in errors:
-        err_console.print(f"[red]failed to load:[/] {e}")
+        err_console.print("[red]failed to load:[/] " + escape(e))
     if errors:
         raise typer.Exit(1)
 
@@ -311,6 +311,42 @@ def plot(run_dir: Path) -> None:
         raise _fail(str(exc)) from None
     for path in written:
         console.print(f"wrote {path}")
+
+
+@app.command("bench")
+def bench(
+    names: Annotated[list[str] | None, typer.Argument(help="benchmarks to run: file names in benchmarks/ without .py",
+                                                       show_default=False)] = None,
+    all_: Annotated[bool, typer.Option("--all", help="run every benchmark")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="each benchmark's quick mode (--all in a few minutes)")] = False,
+    list_: Annotated[bool, typer.Option("--list", help="list the benchmarks and exit")] = False,
+    docs: Annotated[bool | None, typer.Option("--docs/--no-docs", help="rewrite the generated section of "
+                                              "docs/benchmarks.md and its charts (default: with --all)",
+                                              show_default=False)] = None,
+    docs_file: Annotated[Path | None, typer.Option(help="the markdown file to write (default docs/benchmarks.md)")] = None,
+    out: Annotated[Path | None, typer.Option(help="folder for logs, results.json and charts (default runs/bench/<time>)")] = None,
+    timeout: Annotated[float | None, typer.Option(help="seconds per benchmark (default: 900 with --quick, none otherwise)")] = None,
+    bench_dir: Annotated[Path | None, typer.Option(help="where the benchmark scripts are (default ./benchmarks)")] = None,
+) -> None:
+    """Run the scripts in benchmarks/ (each in its own process) and print their figures and ratios in one table.
+    A benchmark that cannot run here is reported as skipped with the reason; exit 1 when one failed."""
+    from relax_gym.bench import BenchError
+    from relax_gym.bench.command import BenchOptions, list_benchmarks, run_bench
+    from relax_gym.bench.report import DocsMarkerError
+
+    try:
+        if list_:
+            list_benchmarks(bench_dir, console)
+            return
+        opts = BenchOptions(list(names or []), all_=all_, quick=quick, docs=docs, docs_file=docs_file, out_dir=out,
+                            bench_dir=bench_dir, timeout_s=timeout)
+        results = run_bench(opts, console)
+    except BenchError as exc:
+        raise _fail(str(exc), 2) from None
+    except DocsMarkerError as exc:
+        raise _fail(str(exc)) from None
+    if any(r.status == "failed" for r in results):
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -98,3 +98,20 @@ def test_sandbox_doctor_fails_when_nothing_works(monkeypatch):
     monkeypatch.setattr(backends, "select_backend", none_works)
     result = runner.invoke(app, ["sandbox", "doctor"])
     assert result.exit_code == 1 and "no sandbox backend works" in result.output
+
+
+def test_envs_list_prints_manifest_errors_verbatim(tmp_path, monkeypatch):
+    """A manifest error holding square brackets ('[dataset]') must not be eaten as rich markup."""
+    from relax_gym.envs import registry
+
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "env.toml").write_text('id = "bracket-test"\n')
+    monkeypatch.setenv("RELAX_GYM_ENV_PATH", str(tmp_path))
+    registry.discover(force=True)
+    try:
+        result = runner.invoke(app, ["envs", "list"])
+    finally:
+        monkeypatch.delenv("RELAX_GYM_ENV_PATH")
+        registry.discover(force=True)
+    assert result.exit_code == 1
+    assert "give either entry_point or a [dataset] table" in " ".join(result.output.split())

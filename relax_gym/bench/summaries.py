@@ -1,0 +1,199 @@
+"""Each benchmark's result dict → table rows (figure, value, ratio, note) and bar charts.
+
+One function per known benchmark reads the dict its script's ``run()`` returns; a benchmark without one (or whose
+dict no longer has the expected keys) falls back to :func:`generic`, which lists its numeric leaves, so a new or
+changed script still shows up in the table instead of breaking it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Row:
+    figure: str
+    value: str
+    ratio: str = ""
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Bars:
+    """One bar chart: ``series`` maps a legend label to one value per entry of ``labels``."""
+
+    title: str
+    ylabel: str
+    labels: list[str]
+    series: dict[str, list[float]]
+    log: bool = False
+    reference: float | None = None  # a dashed horizontal line (e.g. 1.0 for ratios)
+    reference_label: str = ""
+
+
+@dataclass
+class Summary:
+    rows: list[Row] = field(default_factory=list)
+    bars: list[Bars] = field(default_factory=list)
+
+
+def num(value: Any, spec: str = ".3g", unit: str = "") -> str:
+    """A number for the table; ``n/a`` for a missing one (NaN is stored as null)."""
+    if value is None:
+        return "n/a"
+    return f"{value:{spec}}{unit}"
+
+
+def times(value: Any, *, big: bool = False) -> str:
+    """A ratio as ``1.23x``; ``big`` ratios (tens, thousands) with fewer decimals."""
+    if value is None:
+        return "n/a"
+    return f"{value:.0f}x" if big and value >= 100 else f"{value:.1f}x" if big else f"{value:.2f}x"
+
+
+def env_reset(f: dict[str, Any]) -> Summary:
+    s = Summary()
+    for c in f["cases"]:
+        s.rows.append(Row(f"reset p50 cold / cached: {c['label']}",
+                          f"{num(c['cold_p50_ms'], '.3g')} / {num(c['cached_p50_ms'], '.3g')} ms",
+                          times(c["cold_over_cached"], big=True), "cold / cached (decode cache)"))
+    s.bars.append(Bars("env reset p50 (decode included)", "ms (log scale)", [c["label"] for c in f["cases"]],
+                       {"cold cache": [c["cold_p50_ms"] for c in f["cases"]],
+                        "cached": [c["cached_p50_ms"] for c in f["cases"]]}, log=True))
+    return s
+
+
+def sandbox(f: dict[str, Any]) -> Summary:
+    s = Summary()
+    backends = f["backends"]
+    for name, b in backends.items():
+        if b.get("problem"):
+            s.rows.append(Row(f"{name} backend", "unavailable", note=b["problem"]))
+        else:
+            s.rows.append(Row(f"warm acquire p50 / p99 ({name})", f"{num(b['acquire_p50_ms'])} / {num(b['acquire_p99_ms'])} ms",
+                              note="target p50 <= 5 ms"))
+    labels, ours, base = [], [], []
+    for key, name, other, target in (("bwrap_exec", "bwrap", "bare_ms", "1.5x"), ("docker_exec", "docker", "raw_ms", "1.2x")):
+        if key in f:
+            r = f[key]
+            base_name = "bare subprocess" if name == "bwrap" else "raw SDK exec_run"
+            s.rows.append(Row(f"python3 -c pass: {name} exec / {base_name}", f"{r['ours_ms']:.1f} / {r[other]:.1f} ms",
+                              times(r["ratio"]), f"target <= {target}"))
+            labels.append(name), ours.append(r["ours_ms"]), base.append(r[other])
+    for name, b in backends.items():
+        if b.get("episodes_per_s") is not None:
+            s.rows.append(Row(f"{f['episodes']} concurrent tool-use episodes ({name})", f"{b['episodes_per_s']:.2f} episodes/s"))
+    if labels:
+        s.bars.append(Bars("python3 -c pass: one exec", "ms", labels, {"through the sandbox": ours, "baseline": base}))
+    return s
+
+
+def learning(f: dict[str, Any]) -> Summary:
+    s = Summary()
+    note = ("quick: a short smoke run, NOT the 15-minute learning figure" if f.get("quick")
+            else f"recipe {f.get('recipe', '?')}")
+    for r in f["seeds"]:
+        s.rows.append(Row(f"held-out eval reward, seed {r['seed']} ({r['steps']} steps, {r['minutes']:.1f} min)",
+                          f"{r['eval_reward_start']:.3f} -> {r['eval_reward_end']:.3f}", f"{r['gain']:+.3f}", note))
+    e = f.get("engine")
+    if e:
+        s.rows.append(Row("engine tok/s: EmbeddedEngine / model.generate", f"{e['engine_tok_s']:.0f} / {e['plain_tok_s']:.0f}",
+                          times(e["engine_over_plain"]), f"batch {e['batch']} x {e['new_tokens']} tokens"))
+        s.rows.append(Row("engine tok/s: 8 HTTP clients / model.generate", f"{e['http_tok_s']:.0f} / {e['plain_tok_s']:.0f}",
+                          times(e["http_over_plain"])))
+    if f["seeds"]:
+        s.bars.append(Bars("held-out eval reward" + (" (quick smoke run)" if f.get("quick") else ""), "reward",
+                           [f"seed {r['seed']}" for r in f["seeds"]],
+                           {"start": [r["eval_reward_start"] for r in f["seeds"]],
+                            "end": [r["eval_reward_end"] for r in f["seeds"]]}))
+    return s
+
+
+def modes(f: dict[str, Any]) -> Summary:
+    s = Summary()
+    w = f.get("workload", {})
+    for mode, r in f["modes"].items():
+        s.rows.append(Row(f"steps/hour, {mode} ({r['steps']} steps)", f"{r['steps_per_hour']:.0f}", times(r["speedup"]),
+                          f"x colocate; eval {num(r['eval_reward_end'], '.3f')}, data wait {_pct(r['data_wait_fraction'])}"))
+    for target, met in f.get("targets", {}).items():
+        s.rows.append(Row(f"target: {target}", "met" if met else "NOT met"))
+    s.bars.append(Bars(f"trainer modes ({w.get('steps', '?')} steps, tool latency)", "RL steps per hour", list(f["modes"]),
+                       {"steps/hour": [r["steps_per_hour"] for r in f["modes"].values()]}))
+    return s
+
+
+def _pct(fraction: float | None) -> str:
+    return "n/a" if fraction is None else f"{100 * fraction:.1f}%"
+
+
+def weight_sync(f: dict[str, Any]) -> Summary:
+    s = Summary()
+    floor = f["floor"]
+    s.rows.append(Row(f"loopback socket floor, {f['model_mib']:.0f} MiB", f"{floor['mib_per_s']:.0f} MiB/s", "1.00x"))
+    for t in ("tcp", "disk"):
+        r = f[t]
+        s.rows.append(Row(f"DCS push over {t}", f"{r['mib_per_s']:.0f} MiB/s ({r['seconds']:.3f} s)", times(r["vs_floor"]),
+                          "vs floor; weights bit-identical" if r.get("verified") else "vs floor; weights DIFFER"))
+    s.bars.append(Bars(f"weight push, {f['model_mib']:.0f} MiB", "MiB/s", ["loopback floor", "DCS tcp", "DCS disk"],
+                       {"MiB/s": [floor["mib_per_s"], f["tcp"]["mib_per_s"], f["disk"]["mib_per_s"]]}))
+    return s
+
+
+def databus(f: dict[str, Any]) -> Summary:
+    s = Summary()
+    shape = f"{f['rows']} x 1 MB rows, batches of {f['batch']}"
+    s.rows.append(Row(f"put: bus / raw TransferQueue ({shape})", f"{f['bus_put_mb_s']:.0f} / {f['raw_put_mb_s']:.0f} MB/s",
+                      times(f["put_ratio"]), "time ratio, 1.0 = no overhead"))
+    s.rows.append(Row("fetch + ack / raw get", f"{f['bus_get_mb_s']:.0f} / {f['raw_get_mb_s']:.0f} MB/s", times(f["get_ratio"])))
+    s.rows.append(Row("put + get, bus / raw", "", times(f["total_ratio"])))
+    s.rows.append(Row("empty fetch attempt, bus / raw", f"{f['bus_empty_fetch_ms']:.2f} / {f['raw_empty_get_ms']:.2f} ms",
+                      times(f["bus_empty_fetch_ms"] / f["raw_empty_get_ms"])))
+    s.bars.append(Bars("data bus time / raw TransferQueue time", "ratio", ["put", "fetch + ack", "total"],
+                       {"bus / raw": [f["put_ratio"], f["get_ratio"], f["total_ratio"]]}, reference=1.0,
+                       reference_label="no overhead"))
+    return s
+
+
+def generic(f: dict[str, Any], limit: int = 12) -> Summary:
+    """Numeric and boolean leaves by their dotted key (the first ``limit``)."""
+    leaves: list[tuple[str, Any]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(value, bool):
+            leaves.append((prefix, "yes" if value else "no"))
+        elif isinstance(value, int | float):
+            leaves.append((prefix, num(value, ".4g")))
+
+    walk("", f)
+    rows = [Row(key, value) for key, value in leaves[:limit]]
+    if len(leaves) > limit:
+        rows.append(Row(f"(and {len(leaves) - limit} more figures in the results file)", ""))
+    return Summary(rows=rows)
+
+
+SUMMARIES: dict[str, Callable[[dict[str, Any]], Summary]] = {
+    "env_reset": env_reset, "sandbox": sandbox, "learning": learning, "modes": modes,
+    "weight_sync": weight_sync, "databus": databus,
+}
+
+
+def summarise(name: str, figures: dict[str, Any]) -> Summary:
+    """The rows and charts for one benchmark's figures; never raises."""
+    fn = SUMMARIES.get(name)
+    if fn is None:
+        summary = generic(figures)
+    else:
+        try:
+            summary = fn(figures)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            summary = generic(figures)
+            summary.rows.insert(0, Row("(figures not in the expected shape; raw values follow)", "",
+                                       note=f"{type(exc).__name__}: {exc}"))
+    if not summary.rows:
+        summary.rows.append(Row("(run() returned no numeric figures)", ""))
+    return summary
