@@ -48,6 +48,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from relax_gym.omni import Message, from_openai, to_openai
+from relax_gym.trainer.engines.protocol import check_stop, check_top_k
 
 __all__ = ["CallRecord", "ChatCompletionRequest", "OpenAIAPI", "OpenAIError", "SessionRecorder", "session_id_of"]
 
@@ -135,19 +136,8 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("seed is not supported by the embedded engine (it samples from its own generator)")
         return v
 
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if any(s == "" for s in ([v] if isinstance(v, str) else v or [])):
-            raise ValueError("stop strings must be non-empty")
-        return v
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, v: int) -> int:
-        if v != -1 and v < 1:
-            raise ValueError(f"top_k must be -1 (disabled) or at least 1, got {v}")
-        return v
+    _stop = field_validator("stop")(classmethod(lambda cls, v: check_stop(v)))
+    _top_k = field_validator("top_k")(classmethod(lambda cls, v: check_top_k(v)))
 
     @field_validator("tools", "logit_bias")
     @classmethod

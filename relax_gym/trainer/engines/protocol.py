@@ -90,6 +90,20 @@ _SAMPLING_NEUTRAL: dict[str, Any] = {
 # ------------------------------------------------------------------------------------------------ sampling
 
 
+
+def check_top_k(v: int) -> int:
+    """``top_k``: -1 (disabled) or at least 1 (shared by SGLang's sampling params and the OpenAI request)."""
+    if v != -1 and v < 1:
+        raise ValueError(f"top_k must be -1 (disabled) or at least 1, got {v}")
+    return v
+
+
+def check_stop(v: str | list[str] | None) -> str | list[str] | None:
+    """``stop``: no empty stop string (it would match everywhere)."""
+    if any(s == "" for s in ([v] if isinstance(v, str) else v or [])):
+        raise ValueError("stop strings must be non-empty")
+    return v
+
 class SamplingParams(BaseModel):
     """SGLang's ``sampling_params`` (``python/sglang/srt/sampling/sampling_params.py``), same names and defaults.
 
@@ -131,19 +145,8 @@ class SamplingParams(BaseModel):
     def _neutral(cls, value: Any, info: ValidationInfo) -> Any:
         return _check_neutral(info.field_name, value, _SAMPLING_NEUTRAL[info.field_name])
 
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, v: int) -> int:
-        if v != -1 and v < 1:
-            raise ValueError(f"top_k must be -1 (disabled) or at least 1, got {v}")
-        return v
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if any(s == "" for s in ([v] if isinstance(v, str) else v or [])):
-            raise ValueError("stop strings must be non-empty")
-        return v
+    _top_k = field_validator("top_k")(classmethod(lambda cls, v: check_top_k(v)))
+    _stop = field_validator("stop")(classmethod(lambda cls, v: check_stop(v)))
 
     @property
     def greedy(self) -> bool:
