@@ -369,6 +369,15 @@ def _write_count_video(
 # --------------------------------------------------------------------------------------------
 
 
+def _video_slot(dest: Path, vid_map: dict[str, str], counter: int, id_base: int) -> tuple[str, Path]:
+    """The ``counter``-th clip of a NExT-QA-layout sample: its video id, recorded in ``vid_map`` under its folder
+    (``_VIDEOS_PER_FOLDER`` clips per folder), and the path its mp4 goes to."""
+    video_id = str(id_base + counter)
+    folder = f"{(counter - 1) // _VIDEOS_PER_FOLDER:04d}"
+    vid_map[video_id] = f"{folder}/{video_id}"
+    return video_id, dest / "videos" / folder / f"{video_id}.mp4"
+
+
 def _write_csv(path: Path, rows: list[dict[str, object]]) -> None:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(NEXTQA_HEADER), lineterminator="\n")
@@ -399,10 +408,7 @@ def write_nextqa_sample(dest: Path, n_val: int = 48, n_train: int = 2000, seed: 
         rows: list[dict[str, object]] = []
         for i in range(n):
             counter += 1
-            video_id = str(_VIDEO_ID_BASE + counter)
-            folder = f"{(counter - 1) // _VIDEOS_PER_FOLDER:04d}"
-            vid_map[video_id] = f"{folder}/{video_id}"
-            video_path = dest / "videos" / folder / f"{video_id}.mp4"
+            video_id, video_path = _video_slot(dest, vid_map, counter, _VIDEO_ID_BASE)
             clip_seed = int(rng.integers(0, 2**31 - 1))
             if i % 2 == 0:
                 qtype, question = "TN", TN_QUESTION
@@ -677,10 +683,7 @@ def write_nextqa_agent_sample(dest: Path, n_val: int = 24, n_train: int = 48, se
         rows: list[dict[str, object]] = []
         for i in range(n):
             counter += 1
-            video_id = str(_VIDEO_ID_BASE + 500_000 + counter)
-            folder = f"{(counter - 1) // _VIDEOS_PER_FOLDER:04d}"
-            vid_map[video_id] = f"{folder}/{video_id}"
-            video_path = dest / "videos" / folder / f"{video_id}.mp4"
+            video_id, video_path = _video_slot(dest, vid_map, counter, _VIDEO_ID_BASE + 500_000)
             clip_seed = int(rng.integers(0, 2**31 - 1))
             if i % 2 == 0:
                 qtype, question = "TN", TN_AGENT_QUESTION
