@@ -60,11 +60,14 @@ MEDIA_FIELDS: dict[str, str] = {"image_data": "image", "video_data": "video", "a
 DEFAULT_GROUP_NAME = "weight_update_group"
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    """A pydantic error as ``field.path: message; ...`` (the field named first, as clients want to read it)."""
+def format_validation_error(exc: ValidationError, where: str | None = None) -> str:
+    """A pydantic error as ``field.path: message; ...`` (the field named first, as clients want to read it); with
+    ``where`` every path is prefixed by it (``where.field.path: message``)."""
     parts = []
     for err in exc.errors(include_url=False):
         loc = ".".join(str(x) for x in err.get("loc", ()))
+        if where is not None:
+            loc = f"{where}.{loc}" if loc else where
         msg = str(err.get("msg", "invalid"))
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
@@ -190,7 +193,7 @@ def _media_item(value: Any, where: str) -> MediaItem:
         try:
             return MediaItem.model_validate({"url": value} if isinstance(value, str) else dict(value))
         except ValidationError as exc:
-            raise ValueError(_prefixed(where, exc)) from None
+            raise ValueError(format_validation_error(exc, where)) from None
     raise ValueError(f"{where}: a media item must be a URL string or {{'url': ..., 'sampling': {{...}}}}, got {type(value).__name__}")
 
 
@@ -436,7 +439,7 @@ class GenerateReqInput(BaseModel):
             try:
                 out.append(SamplingParams.model_validate(dict(d)))
             except ValidationError as exc:
-                raise ValueError(_prefixed(where, exc)) from None
+                raise ValueError(format_validation_error(exc, where)) from None
         return out
 
     def media_lists(self, field: str) -> list[list[MediaItem]]:
@@ -679,17 +682,6 @@ def _is_int(x: Any) -> bool:
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _prefixed(where: str, exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        msg = str(err.get("msg", "invalid"))
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
-        parts.append(f"{where}.{loc}: {msg}" if loc else f"{where}: {msg}")
-    return "; ".join(parts)
 
 
 def parse_request(model: type[BaseModel], data: Any) -> Any:
