@@ -254,9 +254,12 @@ def train(
     recipe: Annotated[Path | None, typer.Argument(help="YAML recipe (default: recipes/cpu-nextqa.yaml settings)")] = None,
     overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. trainer.steps=50", show_default=False)] = None,
     run_dir: Annotated[Path | None, typer.Option(help="where metrics, config and checkpoints go (default runs/<time>)")] = None,
+    resume: Annotated[Path | None, typer.Option(help="continue this run directory from its latest checkpoint, with its "
+                                                     "own config.json (overrides still apply)", show_default=False)] = None,
 ) -> None:
     """Train a policy with RL on an environment: trainer.mode=colocate (one process, embedded engine over HTTP, the
-    synchronous baseline) or trainer.mode=async (roles as Ray Serve deployments, trainer.max_staleness=S)."""
+    synchronous baseline) or trainer.mode=async (roles as Ray Serve deployments, trainer.max_staleness=S).
+    `relax-gym train --resume RUN_DIR [overrides]` continues an interrupted run where its last checkpoint left it."""
     import time
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -264,8 +267,20 @@ def train(
     from relax_gym.trainer.colocate import ColocateTrainer
     from relax_gym.trainer.config import ConfigError, load_recipe
 
+    overrides = list(overrides or [])
+    if resume is not None:
+        if recipe is not None and "=" in str(recipe) and not recipe.is_file():
+            overrides.insert(0, str(recipe))  # `--resume DIR key=value`: the first override landed in RECIPE
+        elif recipe is not None:
+            raise _fail(f"--resume {resume} continues that run with its own config.json; pass overrides only, not the "
+                        f"recipe {recipe}", 2)
+        if run_dir is not None and run_dir.resolve() != resume.resolve():
+            raise _fail(f"--resume {resume} writes into that run directory; drop --run-dir {run_dir}", 2)
+        recipe, run_dir = resume / "config.json", resume
+        if not recipe.is_file():
+            raise _fail(f"--resume {resume}: no config.json there, so not a relax-gym run directory", 2)
     try:
-        cfg = load_recipe(recipe, list(overrides or []))
+        cfg = load_recipe(recipe, overrides)
     except ConfigError as exc:
         raise _fail(str(exc), 2) from None
     run_dir = run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
@@ -286,14 +301,22 @@ def train(
                     f"reward {data['reward_mean']:.3f} eval {data['eval_reward']:.3f} "
                     f"{data['time_step_s']:.1f} s/step {data['rollout_tokens_per_s']:.0f} tok/s"))
 
-        if cfg.trainer.mode == "async":
-            from relax_gym.trainer.controller import AsyncTrainer
+        from relax_gym.trainer.checkpoint import CheckpointError
+        from relax_gym.trainer.faults import InjectedCrash
 
-            trainer = AsyncTrainer(cfg, run_dir, progress=on_event)
-        else:
-            trainer = ColocateTrainer(cfg, run_dir, progress=on_event)
+        try:
+            if cfg.trainer.mode == "async":
+                from relax_gym.trainer.controller import AsyncTrainer
+
+                trainer = AsyncTrainer(cfg, run_dir, progress=on_event, resume=resume is not None)
+            else:
+                trainer = ColocateTrainer(cfg, run_dir, progress=on_event, resume=resume is not None)
+        except CheckpointError as exc:
+            raise _fail(str(exc), 2) from None
         try:
             summary = trainer.run()
+        except InjectedCrash as exc:
+            raise _fail(f"{exc}\nrun dir: {run_dir}") from None
         finally:
             trainer.close()
     console.print(f"run dir: {run_dir}")

@@ -215,6 +215,20 @@ SAMPLES = {
     "databus": {"rows": 50, "batch": 25, "mb": 50.0, "reps": 1, "raw_put_mb_s": 900.0, "raw_get_mb_s": 800.0,
                 "bus_put_mb_s": 640.0, "bus_get_mb_s": 750.0, "put_ratio": 1.41, "get_ratio": 1.07, "total_ratio": 1.10,
                 "raw_empty_get_ms": 0.9, "bus_empty_fetch_ms": 2.5},
+    "r3": {"cost": {"episodes": 16, "tokens": 2400, "rounds": 3, "generate_s": {"plain": 1.2, "recorded": 1.22},
+                    "record_ratio": 1.017, "train_step_s": {"plain": 0.5, "measured": 0.505, "replay": 0.507},
+                    "measure_ratio": 1.01, "replay_ratio": 1.014, "mismatch_used_replay": 0.0},
+           "async_s2": {"no replay": {"steps": 4, "routing_mismatch": 0.021, "routing_mismatch_used": 0.021},
+                        "replay": {"steps": 4, "routing_mismatch": 0.019, "routing_mismatch_used": 0.0}},
+           "replay_overhead": 0.014, "targets": {"replay overhead <= 3% of step time": True}},
+    "faults": {"clean": {"wall_s": 40.0, "steps": 6, "samples_produced": 24, "samples_consumed": 24, "samples_lost": 0,
+                         "samples_duplicated": 0, "samples_regenerated": 0, "masked_engine_error": 0, "restarts_level1": {},
+                         "restarts_level2": 0, "faults_injected": {}},
+               "faulted": {"wall_s": 120.0, "steps": 6, "samples_produced": 24, "samples_consumed": 24, "samples_lost": 0,
+                           "samples_duplicated": 0, "samples_regenerated": 8, "masked_engine_error": 2,
+                           "restarts_level1": {"env_worker": 1, "inference": 1}, "restarts_level2": 1,
+                           "faults_injected": {"kill": 5, "kill:actor": 1, "engine_error": 1}},
+               "wall_ratio": 3.0, "workload": {"steps": 6}},
 }
 
 

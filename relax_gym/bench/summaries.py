@@ -156,6 +156,41 @@ def databus(f: dict[str, Any]) -> Summary:
     return s
 
 
+def r3(f: dict[str, Any]) -> Summary:
+    s = Summary()
+    c = f["cost"]
+    s.rows.append(Row("R3 train step: replay / no routing code", f"{c['train_step_s']['replay']:.3f} / {c['train_step_s']['plain']:.3f} s",
+                      times(c["replay_ratio"]), f"interleaved x{c['rounds']}; mismatch measured only: {times(c['measure_ratio'])}"))
+    s.rows.append(Row("R3 engine generate: recording / not", f"{c['generate_s']['recorded']:.3f} / {c['generate_s']['plain']:.3f} s",
+                      times(c["record_ratio"])))
+    for name, r in f["async_s2"].items():
+        s.rows.append(Row(f"routing mismatch, async S=2, {name}", f"{num(r['routing_mismatch'], '.4f')}",
+                          note=f"experts used vs recorded: {num(r['routing_mismatch_used'], '.4f')}"))
+    for target, met in f.get("targets", {}).items():
+        s.rows.append(Row(f"target: {target}", "met" if met else "NOT met"))
+    runs = f["async_s2"]
+    s.bars.append(Bars("routing mismatch, async S=2", "share of recorded choices", list(runs),
+                       {"router's own top-k": [r["routing_mismatch"] or 0.0 for r in runs.values()],
+                        "experts used": [r["routing_mismatch_used"] or 0.0 for r in runs.values()]}))
+    return s
+
+
+def faults(f: dict[str, Any]) -> Summary:
+    s = Summary()
+    clean, hit = f["clean"], f["faulted"]
+    injected = ", ".join(f"{k} {v}" for k, v in hit["faults_injected"].items() if ":" not in k) or "none"
+    s.rows.append(Row(f"faults injected ({f['workload']['steps']} steps)", injected))
+    level1 = ", ".join(f"{k} {v}" for k, v in hit["restarts_level1"].items()) or "none"
+    s.rows.append(Row("restarts: level 1 (by role) / level 2", f"{level1} / {hit['restarts_level2']}"))
+    s.rows.append(Row("samples produced / consumed / lost / duplicated",
+                      f"{hit['samples_produced']} / {hit['samples_consumed']} / {hit['samples_lost']} / {hit['samples_duplicated']}",
+                      note=f"{hit['samples_regenerated']} regenerated after the rollback; {hit['masked_engine_error']} masked by engine errors"))
+    s.rows.append(Row("steps completed, faulted / clean", f"{hit['steps']} / {clean['steps']}"))
+    s.rows.append(Row("wall time, faulted / clean", f"{hit['wall_s']:.0f} / {clean['wall_s']:.0f} s", times(f["wall_ratio"])))
+    s.bars.append(Bars("wall time of the same run", "seconds", ["clean", "faulted"], {"wall": [clean["wall_s"], hit["wall_s"]]}))
+    return s
+
+
 def generic(f: dict[str, Any], limit: int = 12) -> Summary:
     """Numeric and boolean leaves by their dotted key (the first ``limit``)."""
     leaves: list[tuple[str, Any]] = []
@@ -178,7 +213,7 @@ def generic(f: dict[str, Any], limit: int = 12) -> Summary:
 
 SUMMARIES: dict[str, Callable[[dict[str, Any]], Summary]] = {
     "env_reset": env_reset, "sandbox": sandbox, "learning": learning, "modes": modes,
-    "weight_sync": weight_sync, "databus": databus,
+    "weight_sync": weight_sync, "databus": databus, "r3": r3, "faults": faults,
 }
 
 

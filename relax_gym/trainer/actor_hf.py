@@ -5,22 +5,41 @@ temperature and with the tokens the sampler may never emit (media pads, pad) mas
 rollout log-probs describe the same distribution; it splits a batch into micro-batches and weights each one's
 loss by its share of the batch (tokens for token-level aggregation, sequences otherwise), so gradient
 accumulation gives the same step as one big batch.
+
+MoE policies: items may carry the experts their rollout routed each token to (``routed_experts``). Every training
+forward then measures the routing mismatch (the router's own top-k vs the record, per layer); with
+``routing_replay`` (R3) the forward runs under :func:`~relax_gym.trainer.policy.routers.replay_routing` and uses the
+recorded experts, their weights recomputed from this forward's router logits. The step metrics report
+``routing_mismatch`` (+ ``_l{i}`` per layer) and ``routing_mismatch_used`` (0 under replay).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+import contextlib
 
 import torch
 
 from relax_gym.trainer.algorithms import AlgorithmConfig, policy_loss, sft_loss, token_logprobs
+from relax_gym.trainer.policy.model import save_policy
+from relax_gym.trainer.policy.routers import moe_routers, replay_routing, routing_shape
+from relax_gym.trainer.routing import RoutingCounts, batch_routing
 
 
 class HFActor:
     def __init__(self, model, processor, *, lr: float, betas=(0.9, 0.99), weight_decay: float = 0.0,
-                 grad_clip: float = 1.0, micro_batch_size: int = 32) -> None:
+                 grad_clip: float = 1.0, micro_batch_size: int = 32, routing_replay: bool = False) -> None:
         self.model = model
+        self.routing = routing_shape(model) if moe_routers(model) else None  # (MoE layers, top_k)
+        if routing_replay and self.routing is None:
+            raise ValueError(f"algorithm.routing_replay needs a mixture-of-experts policy; {type(model).__name__} is dense "
+                             "(set model.family=qwen3_omni_moe)")
+        self.routing_replay = routing_replay
+        self.routing_counts = RoutingCounts()
         self.processor = processor
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size
@@ -41,20 +60,41 @@ class HFActor:
         transformers' causal LMs do): a completion is a few tokens of a long multimodal prompt, so this skips
         almost all of the (tokens x vocabulary) logits."""
         batch = self.processor.collate(items, padding_side="right")
+        device = next(self.model.parameters()).device  # a GPU model: the forward runs there, the loss on the CPU
+        if device.type != "cpu":
+            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         mask = batch.pop("loss_mask")[:, 1:]
         targets = batch["input_ids"][:, 1:]
         where = mask.bool()
         body, head = getattr(self.model, "model", None), getattr(self.model, "lm_head", None)
-        if body is not None and head is not None:
-            hidden = body(**batch, use_cache=False)[0][:, :-1]
-            logits = head(hidden[where])
-        else:
-            logits = self.model(**batch).logits[:, :-1][where]
+        with self._routing(items, batch):
+            if body is not None and head is not None:
+                hidden = body(**batch, use_cache=False)[0][:, :-1]
+                logits = head(hidden[where])
+            else:
+                logits = self.model(**batch).logits[:, :-1][where]
         if len(self._blocked):
-            logits = logits.index_fill(-1, self._blocked, float("-inf"))
+            logits = logits.index_fill(-1, self._blocked.to(device), float("-inf"))
         picked = token_logprobs(logits, targets[where], temperature=temperature)
-        lps = torch.zeros(targets.shape, dtype=picked.dtype).masked_scatter(where, picked)
-        return lps, mask.to(lps.dtype)
+        lps = torch.zeros(targets.shape, dtype=picked.dtype, device=device).masked_scatter(where, picked)
+        return lps.cpu(), mask.to(lps.dtype).cpu()
+
+    @contextlib.contextmanager
+    def _routing(self, items: Sequence[Any], batch: dict[str, torch.Tensor]):
+        """Around one forward: replay (or only trace) the items' recorded routing and count the mismatch."""
+        records = [getattr(it, "routed_experts", None) for it in items]
+        if self.routing is None or all(r is None for r in records):
+            yield
+            return
+        ids = batch["input_ids"]
+        recorded = batch_routing(records, ids.shape[1], *self.routing)
+        with replay_routing(self.model, recorded if self.routing_replay else None, batch=ids.shape[0]) as trace:
+            yield
+        self.routing_counts.add(recorded, trace.natural, trace.used, batch["attention_mask"].bool())
+
+    def _routing_metrics(self) -> dict[str, float]:
+        metrics, self.routing_counts = self.routing_counts.metrics(), RoutingCounts()
+        return metrics
 
     @torch.no_grad()
     def logprobs(self, items: Sequence[Any], temperature: float = 1.0) -> list[torch.Tensor]:
@@ -70,6 +110,7 @@ class HFActor:
                 ref_logprobs: list[torch.Tensor] | None = None, epochs: int = 1) -> dict[str, float]:
         """One RL update on ``items`` (objects with input_ids, loss_mask, mm, rollout_logprobs)."""
         items = list(items)
+        self.routing_counts = RoutingCounts()
         old = self.logprobs(items, algo.temperature) if epochs > 1 else None
         metrics: dict[str, float] = {}
         for _ in range(epochs):
@@ -99,7 +140,7 @@ class HFActor:
             if live:
                 self.optimizer.step()
             metrics = {**totals, "grad_norm": float(grad_norm), "samples_forwarded": float(len(live))}
-        return metrics
+        return {**metrics, **self._routing_metrics()}
 
     def sft_step(self, items: Sequence[Any]) -> dict[str, float]:
         items = list(items)
@@ -135,6 +176,7 @@ class HFActor:
         self._stream_live = 0.0  # the forwarded samples' share: the metrics' normaliser
         self._stream_forwarded = 0
         self._stream_totals: dict[str, float] = {}
+        self.routing_counts = RoutingCounts()
 
     def stream_micro_batch(self, items: Sequence[Any], advantages: torch.Tensor, algo: AlgorithmConfig, *,
                            ref_logprobs: list[torch.Tensor] | None = None,
@@ -193,7 +235,7 @@ class HFActor:
         metrics = {k: v / self._stream_live for k, v in self._stream_totals.items()}
         metrics["grad_norm"] = float(grad_norm)
         metrics["samples_forwarded"] = float(self._stream_forwarded)
-        return metrics
+        return {**metrics, **self._routing_metrics()}
 
     @staticmethod
     def _raw_weights(items: Sequence[Any], aggregation: str) -> list[float]:
@@ -208,6 +250,31 @@ class HFActor:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    # -- what every actor backend offers besides training (see policy/megatron.py for the megatron one) ----------
+
+    @property
+    def hf_template(self) -> torch.nn.Module:
+        """An HF model with the policy's structure: its names (DCS pushes) and config."""
+        return self.model
+
+    def hf_model(self) -> torch.nn.Module:
+        """A frozen HF copy of the current policy (a reference model, an export)."""
+        return copy.deepcopy(self.model).eval()
+
+    def save_checkpoint(self, directory: str | Path) -> Path:
+        """The policy, ``save_pretrained`` style (weights, config, processor)."""
+        return save_policy(self.model, self.processor, directory)
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Load the weights :meth:`save_checkpoint` wrote into this actor's model, in place (the optimizer keeps
+        pointing at the same parameters; :mod:`~relax_gym.trainer.checkpoint` restores its state)."""
+        dtype = next(self.model.parameters()).dtype
+        loaded = type(self.model).from_pretrained(str(directory), dtype=dtype)
+        self.model.load_state_dict(loaded.state_dict())
+
+    def close(self) -> None:
+        """Nothing to release (the megatron backend tears down its process group here)."""
 
 
 def _chunks(xs: list, n: int) -> list[list]:

@@ -81,8 +81,8 @@ class RemoteBus:
     async def give_back(self, batch: Any) -> None:
         await self._call("give_back", batch)
 
-    async def release_task(self, task: str) -> int:
-        return await self._call("release_task", task)
+    async def release_task(self, task: str, partition: int | None = None) -> int:
+        return await self._call("release_task", task, partition)
 
     async def drop_partition(self, partition: int) -> None:
         await self._call("drop_partition", partition)

@@ -10,7 +10,6 @@ SGLang's protocol to it. Failed episodes are masked and counted in the metrics, 
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import logging
 import random
@@ -23,17 +22,22 @@ import numpy as np
 import torch
 
 import relax_gym
+from relax_gym.trainer.actor_factory import build_actor
 from relax_gym.trainer.actor_hf import HFActor
 from relax_gym.trainer.algorithms import group_advantages, identical_reward_groups, zero_advantage_share
+from relax_gym.trainer.checkpoint import (TrainerState, capture_rng, data_cursor, eval_history, load_checkpoint,
+                                          reference_model, restore_rng, resume_point, save_checkpoint)
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.demonstrations import warmup_batches
-from relax_gym.trainer.engines.client import AsyncEngineClient, EngineClient
+from relax_gym.trainer.dcs.names import checkpoint_names
 from relax_gym.trainer.engines.coalesce import CoalescingClient
-from relax_gym.trainer.engines.embedded import EmbeddedEngine
-from relax_gym.trainer.engines.http_server import serve
+from relax_gym.trainer.engines.factory import start_engine
+from relax_gym.trainer.fault_hooks import LocalFaults
+from relax_gym.trainer.faults import FaultSchedule
 from relax_gym.trainer.lr_schedule import lr_at, progress
 from relax_gym.trainer.metrics import MetricsWriter
-from relax_gym.trainer.policy import build_policy, save_policy
+from relax_gym.trainer.policy import build_policy
+from relax_gym.trainer.policy.moe import routing_dims
 from relax_gym.trainer.rollout import Trajectory, run_episode
 
 log = logging.getLogger(__name__)
@@ -46,27 +50,34 @@ def seed_everything(seed: int) -> None:
 
 
 class ColocateTrainer:
-    def __init__(self, cfg: RelaxConfig, run_dir: Path, *, progress=None) -> None:
+    def __init__(self, cfg: RelaxConfig, run_dir: Path, *, progress=None, resume: bool = False) -> None:
+        """``resume``: continue ``run_dir`` from its latest checkpoint (``relax-gym train --resume``)."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.resume = resume_point(self.run_dir, cfg.trainer) if resume else None  # rewinds metrics.jsonl
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.progress = progress or (lambda event, data: None)
         seed_everything(cfg.trainer.seed)
         self.model, self.processor = build_policy(cfg.model)
         self.model.train()
-        self.actor = HFActor(self.model, self.processor, lr=cfg.actor.lr, betas=cfg.actor.betas,
-                             weight_decay=cfg.actor.weight_decay, grad_clip=cfg.actor.grad_clip,
-                             micro_batch_size=cfg.actor.micro_batch_size)
-        engine_model = copy.deepcopy(self.model).eval()
-        self.engine = EmbeddedEngine(engine_model, self.processor, max_batch=cfg.inference.max_batch)
-        self.server = serve(self.engine, host=cfg.inference.host, port=0)
-        self.sync_client = EngineClient(self.server.url)  # weight pushes, from the training thread
+        self.actor = build_actor(cfg, self.model, self.processor)  # actor.backend (megatron converts self.model)
+        self.routing = routing_dims(cfg.model)  # MoE: training episodes record their routed experts
+        # inference.engine: the embedded engine on a copy of the policy, or a launched SGLang server
+        self.engine_host = start_engine(cfg.inference, cfg.model, names=checkpoint_names(self.actor.hf_template), log_dir=self.run_dir,
+                                        build=lambda: (self.actor.hf_model(), self.processor))
         self.client: CoalescingClient | None = None  # rollouts, made inside the running event loop
         self.ref_actor: HFActor | None = None  # frozen copy of the warmed-up policy, for the KL term
-        self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard)
+        self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard,
+                                     purge_step=self.resume.step + 1 if self.resume else None)
         self.version = 0
         self.rng = np.random.default_rng(cfg.trainer.seed)
+        self.faults = LocalFaults(FaultSchedule(cfg.faults, self.run_dir), getattr(self.engine_host, "engine", None))
+        self.resumed: TrainerState | None = None
+        if self.resume is not None and self.resume.path is not None:
+            self.resumed = load_checkpoint(self.resume.path, self.actor)
+            self.version = self.resumed.version
+            self.engine_host.push_weights(self.actor.state_dict(), self.version)
 
     # -- environment pools ----------------------------------------------------------------------------------
 
@@ -76,12 +87,13 @@ class ColocateTrainer:
             queue.put_nowait(relax_gym.make(self.cfg.env.id, **kwargs))
         return queue
 
-    async def _episodes(self, envs: asyncio.Queue, seeds: list[tuple[int, int]], sampling: dict[str, Any]) -> list[Trajectory]:
+    async def _episodes(self, envs: asyncio.Queue, seeds: list[tuple[int, int]], sampling: dict[str, Any],
+                        routing: tuple[int, int] | None = None) -> list[Trajectory]:
         async def one(seed: int, group: int) -> Trajectory:
             env = await envs.get()
             try:
                 return await run_episode(env, self.client, self.processor, seed=seed, group_id=group,
-                                         sampling_params=sampling, max_turns=self.cfg.trainer.max_turns)
+                                         sampling_params=sampling, max_turns=self.cfg.trainer.max_turns, routing=routing)
             finally:
                 envs.put_nowait(env)
 
@@ -111,7 +123,7 @@ class ColocateTrainer:
     def _sync_weights(self) -> float:
         t0 = time.perf_counter()
         self.version += 1
-        self.sync_client.update_weights_from_tensor(self.actor.state_dict(), weight_version=str(self.version))
+        self.engine_host.push_weights(self.actor.state_dict(), self.version)
         return time.perf_counter() - t0
 
     async def evaluate(self, envs: asyncio.Queue) -> dict[str, float]:
@@ -156,7 +168,7 @@ class ColocateTrainer:
         return asyncio.run(self._run())
 
     async def _run(self) -> dict[str, float]:
-        raw = AsyncEngineClient(self.server.url)
+        raw = self.engine_host.async_client()
         # the episodes of a step call at once: one batch request instead of hundreds of single ones
         self.client = CoalescingClient(raw, max_batch=self.cfg.inference.max_batch)
         try:
@@ -167,27 +179,36 @@ class ColocateTrainer:
     async def _loop(self) -> dict[str, float]:
         cfg, t = self.cfg, self.cfg.trainer
         start = time.perf_counter()
-        demo_env = relax_gym.make(cfg.env.id, **cfg.env.kwargs)
-        await asyncio.to_thread(self.sft_warmup, demo_env)
-        demo_env.close()
+        resumed = self.resumed
+        if resumed is None:
+            demo_env = relax_gym.make(cfg.env.id, **cfg.env.kwargs)
+            await asyncio.to_thread(self.sft_warmup, demo_env)
+            demo_env.close()
         if cfg.algorithm.kl_coef > 0:
-            ref_model = copy.deepcopy(self.model).eval()
+            ref_model = reference_model(self.run_dir, self.actor, self.processor, cfg.model, resumed=resumed is not None)
             self.ref_actor = HFActor(ref_model, self.processor, lr=1.0, micro_batch_size=cfg.actor.micro_batch_size)
         train_envs = self._envs(min(t.concurrency, t.prompts_per_step * t.group_size), cfg.env.kwargs)
         eval_envs = self._envs(min(t.concurrency, t.eval_episodes), {**cfg.env.kwargs, **cfg.env.eval_kwargs})
-        last_eval = await self.evaluate(eval_envs)
-        self.metrics.write(0, {**last_eval, "policy_version": self.version})
-        self.progress("eval", {"step": 0, **last_eval})
-        summary = {"eval_reward_start": last_eval["eval_reward"], "eval_accuracy_start": last_eval["eval_accuracy"]}
-        step = 0
-        for step in range(1, t.steps + 1):
+        if resumed is None:
+            last_eval = first_eval = await self.evaluate(eval_envs)
+            self.metrics.write(0, {**last_eval, "policy_version": self.version})
+            self.progress("eval", {"step": 0, **last_eval})
+        else:  # continue where the checkpoint left off: its clock, its random states, its next step
+            last_eval, first_eval = eval_history(self.run_dir)
+            start -= resumed.elapsed_s
+            restore_rng(resumed.rng, self.rng)
+        self._clock_start = start
+        summary = {"eval_reward_start": first_eval["eval_reward"], "eval_accuracy_start": first_eval["eval_accuracy"]}
+        step = resumed.step if resumed else 0
+        for step in range(step + 1, t.steps + 1):
+            self.faults.start_step(step)
             t0 = time.perf_counter()
             lr = lr_at(cfg.actor.lr, cfg.actor.lr_schedule, progress(step - 1, t.steps, t0 - start, t.time_budget_s),
                        cfg.actor.min_lr_ratio)
             self.actor.set_lr(lr)
             base_seed = t.seed * 10_000_019 + step * 1_000
             seeds = [(base_seed + p, p) for p in range(t.prompts_per_step) for _ in range(t.group_size)]
-            trajs = await self._episodes(train_envs, seeds, self._sampling())
+            trajs = await self._episodes(train_envs, seeds, self._sampling(), self.routing)
             t1 = time.perf_counter()
             m = await asyncio.to_thread(self.rl_step, trajs)
             t2 = time.perf_counter()
@@ -226,14 +247,14 @@ class ColocateTrainer:
         return summary
 
     def checkpoint(self, step: int) -> Path:
-        out = self.run_dir / "checkpoints" / f"step_{step:06d}"
-        save_policy(self.model, self.processor, out)
-        torch.save({"optimizer": self.actor.optimizer.state_dict(), "step": step, "version": self.version,
-                    "rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state()}, out / "trainer_state.pt")
-        return out
+        """``checkpoints/step_NNNNNN/``: the actor's model and optimizer (hf: save_pretrained; megatron:
+        dist_checkpointing) and the trainer state (:mod:`~relax_gym.trainer.checkpoint`)."""
+        elapsed = time.perf_counter() - getattr(self, "_clock_start", time.perf_counter())
+        state = TrainerState(step=step, version=self.version, cursor=data_cursor(self.cfg.trainer, step),
+                             rng=capture_rng(self.rng), elapsed_s=elapsed)
+        return save_checkpoint(self.run_dir, self.actor, state)
 
     def close(self) -> None:
         self.metrics.close()
-        self.sync_client.close()
-        self.server.close()
-        self.engine.close()
+        self.actor.close()
+        self.engine_host.close()

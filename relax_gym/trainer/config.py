@@ -5,9 +5,13 @@
 Sections: ``model`` (the policy), ``env`` (which env, its kwargs for training and for evaluation), ``algorithm``
 (GRPO / DAPO / GSPO / SFT and their knobs), ``inference`` (engine and sampling), ``actor`` (optimiser), ``trainer``
 (loop shape: steps, group sizes, evaluation, checkpoints, ``mode: colocate|async`` and ``max_staleness``), ``roles``
-(the async engine's deployments: replicas and CPU share per role, which data bus), ``metrics``. Every model forbids
-unknown keys, so a typo is an error naming the key. Values that name parts not built yet (``actor.backend:
-megatron``, ``inference.engine: sglang``) are refused by the schema rather than silently ignored.
+(the async engine's deployments: replicas and CPU share per role, which data bus, recovery budgets), ``faults``
+(what to break and when, :mod:`~relax_gym.trainer.faults`), ``metrics``. Every model forbids
+unknown keys, so a typo is an error naming the key. Values that name parts not built are refused by the schema
+rather than silently ignored. ``actor.backend: megatron`` trains the policy's language decoder as a megatron-core
+GPTModel (``actor.tensor_parallel_size`` & co.; 1 on a CPU). ``inference.engine: sglang``
+launches a real SGLang server per inference replica (``inference.sglang``: checkpoint, interpreter, TP size, port,
+memory share, extra flags, weight sync).
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from relax_gym.trainer.algorithms import AlgorithmConfig
 from relax_gym.trainer.config_loader import ConfigError, load_config
+from relax_gym.trainer.faults import FaultsSection
 from relax_gym.trainer.lr_schedule import LRSchedule
 from relax_gym.trainer.policy import PolicyConfig
 
@@ -35,8 +40,34 @@ class EnvSection(_Section):
     eval_kwargs: dict[str, Any] = Field(default_factory=lambda: {"split": "val"})  # held-out evaluation episodes
 
 
+class SGLangSection(_Section):
+    """``inference.engine: sglang``: how each inference replica launches ``python -m sglang.launch_server``."""
+
+    model_path: str | None = None  # the Hugging Face checkpoint SGLang serves (None: model.path)
+    python: str | None = None  # the interpreter that has sglang (None: this one); e.g. a second environment's
+    tp_size: int = Field(default=1, ge=1)  # --tp-size: GPUs per server
+    port: int = Field(default=0, ge=0, le=65535)  # 0: a free port on inference.host (loopback by default)
+    mem_fraction_static: float = Field(default=0.7, gt=0, lt=1)  # --mem-fraction-static: GPU share for weights + KV
+    extra_args: tuple[str, ...] = ()  # further launch_server flags, passed verbatim (not the ones above)
+    startup_timeout_s: float = Field(default=900.0, gt=0)  # until /health_generate answers 200
+    weight_sync: Literal["nccl", "disk"] = "nccl"  # nccl falls back to disk when NCCL cannot be used
+    disk_dir: str | None = None  # disk pushes: a directory the actor and the servers both see (None: a temp dir)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _not_owned(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from relax_gym.trainer.engines.sglang import OWNED_FLAGS
+
+        clash = sorted({a.split("=", 1)[0] for a in v if a.split("=", 1)[0] in OWNED_FLAGS})
+        if clash:
+            raise ValueError(f"repeats {clash}, which the launcher sets from model_path / inference.host / port / "
+                             "tp_size / mem_fraction_static")
+        return v
+
+
 class InferenceSection(_Section):
-    engine: Literal["embedded"] = "embedded"
+    engine: Literal["embedded", "sglang"] = "embedded"  # sglang: a real SGLang server per replica (GPU)
+    sglang: SGLangSection = Field(default_factory=SGLangSection)  # used when engine is sglang
     max_new_tokens: int = Field(default=16, ge=1)
     temperature: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
@@ -45,7 +76,11 @@ class InferenceSection(_Section):
 
 
 class ActorSection(_Section):
-    backend: Literal["hf"] = "hf"
+    # hf: plain torch; megatron: megatron-core's GPTModel as the policy's language decoder (relax_gym/trainer/policy/megatron.py)
+    backend: Literal["hf", "megatron"] = "hf"
+    tensor_parallel_size: int = Field(default=1, ge=1)  # megatron only; above 1 needs GPUs and a multi-process launch
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    context_parallel_size: int = Field(default=1, ge=1)
     lr: float = Field(default=2e-4, gt=0)
     lr_schedule: LRSchedule = "constant"  # RL phase: decay to min_lr_ratio * lr over the run (steps or time budget)
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
@@ -54,6 +89,20 @@ class ActorSection(_Section):
     grad_clip: float = Field(default=1.0, gt=0)
     micro_batch_size: int = Field(default=32, ge=1)
     epochs_per_step: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _parallel_sizes(self) -> ActorSection:
+        over = [f"actor.{k}={getattr(self, k)}" for k in ("tensor_parallel_size", "pipeline_parallel_size",
+                                                          "context_parallel_size") if getattr(self, k) != 1]
+        if over and self.backend != "megatron":
+            raise ValueError(f"{', '.join(over)}: parallel sizes apply to actor.backend=megatron, not {self.backend!r}")
+        if over:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError(f"{', '.join(over)}: on a CPU megatron-core runs with tensor, pipeline and context "
+                                 "parallel sizes of 1 (no GPU here)")
+        return self
 
 
 class TrainerSection(_Section):
@@ -81,6 +130,7 @@ class RoleSection(_Section):
 
     replicas: int = Field(default=1, ge=1)
     num_cpus: float = Field(default=0.0, ge=0)  # Ray logical CPUs reserved per replica (0: a role that mostly waits)
+    num_gpus: float = Field(default=0.0, ge=0)  # GPUs per replica: Ray places it on a node that has them
     torch_threads: int | None = Field(default=None, ge=1)  # torch intra-op threads per replica (None: torch's default)
     max_ongoing_requests: int = Field(default=1024, ge=1)  # concurrent handle calls one replica accepts
 
@@ -94,6 +144,13 @@ class RolesSection(_Section):
     reference: RoleSection = Field(default_factory=lambda: RoleSection(torch_threads=1))  # deployed when kl_coef > 0
     advantages: RoleSection = Field(default_factory=RoleSection)
     actor: RoleSection = Field(default_factory=lambda: RoleSection(num_cpus=1.0, torch_threads=1))
+    # recovery (docs/architecture.md, "Recovery"): Serve health-checks every replica this often and replaces a failed
+    # one in place (level 1); a role replaced more than restart_budget times, or a dead actor, makes the controller
+    # restart the whole topology from the last checkpoint (level 2), at most max_global_restarts times per run
+    health_check_period_s: float = Field(default=10.0, gt=0)
+    restart_budget: int = Field(default=3, ge=0)
+    max_global_restarts: int = Field(default=2, ge=0)
+    replica_wait_s: float = Field(default=120.0, gt=0)  # how long a call waits for a replaced replica to come back
 
     @model_validator(mode="after")
     def _one_actor(self) -> RolesSection:
@@ -114,6 +171,7 @@ class RelaxConfig(_Section):
     actor: ActorSection = Field(default_factory=ActorSection)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     roles: RolesSection = Field(default_factory=RolesSection)
+    faults: FaultsSection = Field(default_factory=FaultsSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
 
     @model_validator(mode="after")
@@ -128,6 +186,24 @@ class RelaxConfig(_Section):
         if self.trainer.mode == "colocate" and self.trainer.max_staleness != 0:
             raise ValueError(f"trainer.max_staleness={self.trainer.max_staleness} needs trainer.mode=async "
                              "(colocate is the synchronous baseline, S = 0)")
+        if self.actor.backend == "megatron" and self.model.family != "qwen2_5_omni":
+            raise ValueError(f"actor.backend=megatron runs the Qwen2.5-Omni thinker's decoder (model.family=qwen2_5_omni); "
+                             f"model.family={self.model.family!r} has no Megatron conversion")
+        if self.algorithm.routing_replay and self.model.family != "qwen3_omni_moe":
+            raise ValueError(f"algorithm.routing_replay needs a mixture-of-experts policy (model.family=qwen3_omni_moe), "
+                             f"got model.family={self.model.family!r}")
+        if self.inference.engine == "sglang" and self.inference.sglang.model_path is None and self.model.path is None:
+            raise ValueError("inference.engine=sglang needs a checkpoint to serve: set inference.sglang.model_path or "
+                             "model.path (SGLang cannot build the tiny random policy)")
+        if (self.inference.engine == "sglang" and self.inference.sglang.port and self.trainer.mode == "async"
+                and self.roles.inference.replicas > 1):
+            raise ValueError(f"inference.sglang.port={self.inference.sglang.port} with roles.inference.replicas="
+                             f"{self.roles.inference.replicas}: each replica launches its own server; use port 0 (a free one)")
+        no_reference = self.trainer.mode == "async" and self.algorithm.kl_coef == 0
+        for i, fault in enumerate(self.faults.inject):
+            if fault.kind == "kill" and fault.role == "reference" and no_reference:
+                raise ValueError(f"faults.inject[{i}] kills the reference role, which an async run deploys only "
+                                 "when algorithm.kl_coef > 0")
         if self.trainer.mode == "async" and self.algorithm.name == "sft":
             raise ValueError("trainer.mode=async runs RL algorithms; algorithm.name=sft has no rollouts to pipeline")
         return self

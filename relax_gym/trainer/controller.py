@@ -25,7 +25,16 @@ The drive, per step k (counted from 0; metrics rows use k + 1 like the colocate 
 
 Every call is awaited; nothing polls. The controller keeps a ledger of sample ids: produced (answered by env
 workers) and consumed (named by the actor), reported in the summary (``samples_produced``,
-``samples_consumed``, ``samples_duplicated``, ``samples_unconsumed``).
+``samples_consumed``, ``samples_duplicated``, ``samples_unconsumed``, ``samples_lost``).
+
+Recovery (:mod:`~relax_gym.trainer.recovery`; docs/architecture.md, "Recovery"). Level 1: Serve health-checks and
+replaces a failed replica in place; the controller re-sends the calls it lost (a group to the env workers, a
+streaming call to the advantages / reference role after giving the dead call's bus leases of that partition back),
+an inference replica fetches the current weights through the actor before serving, env workers resend engine
+calls. Level 2: when the actor dies, or a role is replaced more than ``roles.restart_budget`` times, the whole
+topology is torn down and started again from the last checkpoint (weights, optimizer, random states, data cursor,
+the sample ledger; metrics.jsonl rewound to it); ``relax-gym train --resume RUN_DIR`` does the same by hand.
+Faults (``faults:``) are fired when a step's rollout starts.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import json
 import logging
 import math
 import os
+import random
 import time
 import uuid
 from collections import Counter
@@ -45,8 +55,14 @@ from typing import Any
 import numpy as np
 
 from relax_gym.trainer.bus_link import BusHost, BusLink
+from relax_gym.trainer.checkpoint import REFERENCE_DIR, CheckpointError, ResumePoint, eval_history, resume_point
 from relax_gym.trainer.config import RelaxConfig, RoleSection
+from relax_gym.trainer.engines.factory import weight_transport
+from relax_gym.trainer.faults import FaultSchedule
 from relax_gym.trainer.metrics import MetricsWriter
+from relax_gym.trainer.policy.moe import routing_dims
+from relax_gym.trainer.recovery import (GlobalRestart, RecoveryError, ReplicaRegistry, Supervisor, is_replica_failure,
+                                        kill_replica, sample_step)
 from relax_gym.trainer.samples import masked_row, sample_id
 from relax_gym.trainer.staleness import StalenessGate
 from relax_gym.trainer.weights import start_coordinator
@@ -74,8 +90,10 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def plan_roles(cfg: RelaxConfig, bus: Any, coordinator: Any, app_prefix: str) -> list[RoleSpec]:
-    """The deployments of an async run, from the config (pure: no Ray calls)."""
+def plan_roles(cfg: RelaxConfig, bus: Any, coordinator: Any, app_prefix: str, *, registry: Any = None,
+               resume_from: str | None = None) -> list[RoleSpec]:
+    """The deployments of an async run, from the config (pure: no Ray calls). ``registry``: the replica registry
+    every role announces itself to; ``resume_from``: the checkpoint the actor starts from."""
     t, roles = cfg.trainer, cfg.roles
     plain = cfg.model_dump(mode="json")
     per_step = t.prompts_per_step * t.group_size
@@ -94,6 +112,12 @@ def plan_roles(cfg: RelaxConfig, bus: Any, coordinator: Any, app_prefix: str) ->
     if cfg.algorithm.kl_coef > 0:
         specs.append(RoleSpec("reference", "relax_gym.trainer.roles.reference:ReferenceRole", (plain, bus),
                               {"torch_threads": roles.reference.torch_threads}, roles.reference))
+    for spec in specs:  # recovery: restart counts, late inference replicas catching up, the actor's checkpoint
+        spec.kwargs["registry"] = registry
+        if spec.name == "inference":
+            spec.kwargs["actor_app"] = f"{app_prefix}-actor"
+        if spec.name == "actor":
+            spec.kwargs["resume_from"] = resume_from
     return specs
 
 
@@ -106,12 +130,17 @@ def _import(path: str) -> type:
 
 def ensure_ray(cfg: RelaxConfig) -> bool:
     """Start a local Ray instance unless one is running (tests start their own); True when this call started it.
-    Logical CPUs: the machine's, or what the roles reserve plus room for Serve's own actors if that is more."""
+    Logical CPUs: the machine's, or what the roles reserve plus room for Serve's own actors if that is more.
+    With ``RAY_ADDRESS`` set (``auto`` or ``host:port``), join that cluster instead: its nodes bring their own
+    CPUs and GPUs."""
     import ray
 
     if ray.is_initialized():
         return False
     os.environ.setdefault("TQ_NUM_THREADS", "2")
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, configure_logging=False, namespace="relax-gym")
+        return True
     r = cfg.roles
     reserved = sum(s.num_cpus * s.replicas for s in (r.env_worker, r.inference, r.reference, r.advantages, r.actor))
     ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(reserved) + 4), include_dashboard=False,
@@ -123,15 +152,27 @@ class AsyncTrainer:
     """The async-mode counterpart of :class:`~relax_gym.trainer.colocate.ColocateTrainer` (same constructor, same
     ``run`` / ``close``, same run-directory layout)."""
 
-    def __init__(self, cfg: RelaxConfig, run_dir: Path, *, progress=None) -> None:
+    def __init__(self, cfg: RelaxConfig, run_dir: Path, *, progress=None, resume: bool = False) -> None:
+        """``resume``: continue ``run_dir`` from its latest checkpoint (``relax-gym train --resume``)."""
         if cfg.trainer.mode != "async":
             raise ValueError(f"AsyncTrainer needs trainer.mode=async (got {cfg.trainer.mode!r}); use ColocateTrainer")
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.resume: ResumePoint | None = resume_point(self.run_dir, cfg.trainer) if resume else None  # rewinds metrics
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.progress = progress or (lambda event, data: None)
-        self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard)
+        self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard,
+                                     purge_step=self.resume.step + 1 if self.resume else None)
+        self.faults = FaultSchedule(cfg.faults, self.run_dir)
+        self.supervisor: Supervisor | None = None
+        self.level1: Counter[str] = Counter()  # replicas replaced in topologies already torn down, by role
+        self.level2 = 0  # global restarts
+        self.given_up: list[str] = []  # samples masked because their env worker never answered
+        self.regenerated = 0  # samples produced after a checkpoint and discarded by a global restart
+        self.restarted_from: list[int] = []  # the checkpoint step each global restart resumed from
+        self._side_tasks: list[asyncio.Task] = []  # fault injections in flight
+        self._failure: asyncio.Future | None = None  # the first failure of a background task (see _spawn)
         self.prefix = f"relax-{uuid.uuid4().hex[:8]}"
         self.handles: dict[str, Any] = {}
         self.apps: list[str] = []
@@ -141,6 +182,7 @@ class AsyncTrainer:
         self.base_version = 0
         self.produced: list[str] = []
         self.consumed: list[str] = []
+        self._restore_ledger()
         self._tq_owner: Any = None
         self._started_ray = False
         self._closed = False
@@ -152,16 +194,26 @@ class AsyncTrainer:
         from ray.serve.api import RunTarget
 
         serve.start(proxy_location="Disabled")
-        coordinator = start_coordinator(f"{self.prefix}-dcs")
+        import ray
+
+        coordinator = start_coordinator(f"{self.prefix}-dcs", transport=weight_transport(self.cfg.inference))
         self.actors.append(coordinator)
         link = self._bus_link()
-        specs = plan_roles(self.cfg, link, coordinator, self.prefix)
+        r = self.cfg.roles
+        replicas = {"env_worker": r.env_worker.replicas, "inference": r.inference.replicas, "advantages": r.advantages.replicas,
+                    "actor": 1, **({"reference": r.reference.replicas} if self.cfg.algorithm.kl_coef > 0 else {})}
+        registry = ray.remote(num_cpus=0)(ReplicaRegistry).options(name=f"{self.prefix}-replicas").remote(replicas)
+        self.actors.append(registry)
+        self.supervisor = Supervisor(registry, budget=r.restart_budget, wait_s=r.replica_wait_s)
+        resume_from = str(self.resume.path) if self.resume is not None and self.resume.path is not None else None
+        specs = plan_roles(self.cfg, link, coordinator, self.prefix, registry=registry, resume_from=resume_from)
         targets = []
         for spec in specs:
             s = spec.section
             deployment = serve.deployment(
                 _import(spec.cls_path), name=spec.name, num_replicas=s.replicas, max_ongoing_requests=s.max_ongoing_requests,
-                ray_actor_options={"num_cpus": s.num_cpus}, health_check_period_s=10.0, health_check_timeout_s=60.0,
+                ray_actor_options={"num_cpus": s.num_cpus, "num_gpus": s.num_gpus}, health_check_period_s=r.health_check_period_s,
+                health_check_timeout_s=max(60.0, 2 * r.health_check_period_s),
                 graceful_shutdown_timeout_s=5.0, logging_config={"log_level": "WARNING", "enable_access_log": False})
             app = f"{self.prefix}-{spec.name}"
             targets.append(RunTarget(deployment.bind(*spec.args, **spec.kwargs), name=app, route_prefix=None))
@@ -181,7 +233,9 @@ class AsyncTrainer:
         from relax_gym.trainer.databus import make_bus
 
         # TransferQueue's actors start once per Ray session (or are reused); the run's rows live in its own scope
-        self._tq_owner = make_bus("transferqueue", start=True, scope=self.prefix)
+        # (a new one after a global restart, while the actors started first stay up)
+        if self._tq_owner is None:
+            self._tq_owner = make_bus("transferqueue", start=True, scope=self.prefix)
         return BusLink("transferqueue", options={"scope": self.prefix})
 
     # -- the run -------------------------------------------------------------------------------------------------
@@ -192,8 +246,12 @@ class AsyncTrainer:
 
     async def _run(self) -> dict[str, Any]:
         try:
-            await asyncio.to_thread(self._start)
-            return await self._loop()
+            while True:
+                try:
+                    await asyncio.to_thread(self._start)
+                    return await self._supervised(self._loop())
+                except GlobalRestart as exc:
+                    await self._global_restart(exc)
         finally:
             await self._close_bus()
 
@@ -212,31 +270,45 @@ class AsyncTrainer:
         cfg, t = self.cfg, self.cfg.trainer
         start = time.perf_counter()
         actor = self.handles["actor"]
-        warm = await actor.warmup.remote()
+        resumed = self.resume.state if self.resume is not None else None  # None: from the start (warm-up, eval)
+        warm = await self._actor(lambda: actor.warmup.remote(), "the warm-up")
         for i, row in enumerate(warm["rows"]):
             self.progress("sft", {"step": i + 1, "of": t.sft_warmup_steps, **row})
             self.metrics.write(-t.sft_warmup_steps + i, row)
         self.version = self.base_version = int(warm["version"])
         self.reference_path = None
         if "reference" in self.handles:
-            self.reference_path = await actor.save_reference.remote(str(self.run_dir / "reference"))
-        last_eval = await self._evaluate()
-        self.metrics.write(0, {**last_eval, "policy_version": self.version})
-        self.progress("eval", {"step": 0, **last_eval})
-        summary: dict[str, Any] = {"eval_reward_start": last_eval["eval_reward"], "eval_accuracy_start": last_eval["eval_accuracy"]}
-        gate = StalenessGate(t.max_staleness)
-        launched: dict[int, asyncio.Event] = {k: asyncio.Event() for k in range(t.steps)}
+            ref = self.run_dir / REFERENCE_DIR
+            if resumed is None:
+                self.reference_path = await self._actor(lambda: actor.save_reference.remote(str(ref)), "saving the reference")
+            elif not (ref / "config.json").is_file():
+                raise CheckpointError(f"{ref}: the run's reference policy is missing; it cannot resume with kl_coef > 0")
+            else:
+                self.reference_path = str(ref)
+        if resumed is None:
+            last_eval = first_eval = await self._evaluate()
+            self.metrics.write(0, {**last_eval, "policy_version": self.version})
+            self.progress("eval", {"step": 0, **last_eval})
+        else:  # continue after the checkpoint: its step, its clock
+            last_eval, first_eval = eval_history(self.run_dir)
+            start -= float(resumed.extra.get("elapsed_s", resumed.elapsed_s))
+        summary: dict[str, Any] = {"eval_reward_start": first_eval["eval_reward"], "eval_accuracy_start": first_eval["eval_accuracy"]}
+        first = resumed.step if resumed is not None else 0
+        gate = StalenessGate(t.max_staleness, trained=first)
+        launched: dict[int, asyncio.Event] = {k: asyncio.Event() for k in range(first, t.steps)}
         rollouts: dict[int, asyncio.Task] = {}
         streams: dict[int, list[asyncio.Task]] = {}
-        launcher = asyncio.create_task(self._launch(gate, launched, rollouts, streams))
+        launcher = self._spawn(self._launch(gate, launched, rollouts, streams, first))
         loop_start = time.perf_counter()
         previous = loop_start
-        steps_done, waits = 0, []
+        steps_done, waits = first, []
+        self._start_time = start
         try:
-            for k in range(t.steps):
+            for k in range(first, t.steps):
                 await launched[k].wait()
-                res = await actor.train_step.remote(k, self._rows_per_step(), t.group_size, max_staleness=t.max_staleness,
-                                                    with_reference="reference" in self.handles)
+                res = await self._actor(lambda: actor.train_step.remote(
+                    k, self._rows_per_step(), t.group_size, max_staleness=t.max_staleness,
+                    with_reference="reference" in self.handles), f"step {k + 1}")
                 self.version = int(res["version"])
                 await gate.advance(k + 1)
                 roll = await rollouts.pop(k)
@@ -254,26 +326,29 @@ class AsyncTrainer:
                 self.metrics.write(steps_done, row)
                 self.progress("step", {"step": steps_done, "of": t.steps, **row, "eval_reward": last_eval["eval_reward"]})
                 if steps_done % t.checkpoint_every == 0 or steps_done == t.steps:
-                    await actor.checkpoint.remote(steps_done, str(self.run_dir))
+                    await self._checkpoint(steps_done)
                 if over_budget:
                     if steps_done % t.checkpoint_every and steps_done != t.steps:
-                        await actor.checkpoint.remote(steps_done, str(self.run_dir))
+                        await self._checkpoint(steps_done)
                     break
         finally:
             await gate.close()
             launcher.cancel()
-            await asyncio.gather(launcher, return_exceptions=True)
+            for task in self._side_tasks:
+                task.cancel()
+            await asyncio.gather(launcher, *self._side_tasks, return_exceptions=True)
             await self._abandon(rollouts, streams)
         loop_s = time.perf_counter() - loop_start
         dup = sum(n - 1 for n in Counter(self.consumed).values() if n > 1)
         summary.update({
             "eval_reward_end": last_eval["eval_reward"], "eval_accuracy_end": last_eval["eval_accuracy"],
             "steps": steps_done, "elapsed_s": time.perf_counter() - start, "mode": "async", "max_staleness": t.max_staleness,
-            "steps_per_hour": 3600.0 * steps_done / loop_s if loop_s > 0 else 0.0,
+            "steps_per_hour": 3600.0 * (steps_done - first) / loop_s if loop_s > 0 else 0.0,
             "data_wait_fraction": _share(waits),  # actor waiting for data / wall time of its steps
             "data_wait_fraction_steady": _share(waits[t.max_staleness + 1 :]),  # once the pipeline is full
             "samples_produced": len(self.produced), "samples_consumed": len(self.consumed), "samples_duplicated": dup,
             "samples_unconsumed": len(set(self.produced) - set(self.consumed)), "policy_version": self.version,
+            **await self._recovery_figures(steps_done),
         })
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
@@ -282,19 +357,22 @@ class AsyncTrainer:
         return self.cfg.trainer.prompts_per_step * self.cfg.trainer.group_size
 
     async def _launch(self, gate: StalenessGate, launched: dict[int, asyncio.Event], rollouts: dict[int, asyncio.Task],
-                      streams: dict[int, list[asyncio.Task]]) -> None:
-        """Start each step's rollout (and its streaming consumers) as soon as the staleness gate allows."""
+                      streams: dict[int, list[asyncio.Task]], first: int = 0) -> None:
+        """Start each step's rollout (and its streaming consumers) as soon as the staleness gate allows, then fire
+        the faults due at that step."""
         t = self.cfg.trainer
         n = self._rows_per_step()
-        for k in range(t.steps):
+        for k in range(first, t.steps):
             await gate.wait_for(k)
             await self.bus.open_partition(k, expected_rows=n, group_size=t.group_size)
-            rollouts[k] = asyncio.create_task(self._rollout(k))
-            calls = [self.handles["advantages"].process.remote(k, n, t.group_size)]
+            rollouts[k] = self._spawn(self._rollout(k))
+            calls = [self._stream("advantages", k, lambda k=k: self.handles["advantages"].process.remote(k, n, t.group_size))]
             if "reference" in self.handles:
-                calls.append(self.handles["reference"].process.remote(k, n, self.reference_path))
-            streams[k] = [asyncio.ensure_future(_awaitable(c)) for c in calls]
+                calls.append(self._stream("reference", k, lambda k=k: self.handles["reference"].process.remote(k, n, self.reference_path)))
+            streams[k] = [self._spawn(c) for c in calls]
             launched[k].set()
+            if self.faults.section.inject:
+                self._side_tasks.append(self._spawn(self._inject(k)))
 
     async def _rollout(self, k: int) -> dict[str, Any]:
         t = self.cfg.trainer
@@ -311,13 +389,18 @@ class AsyncTrainer:
         sids = [sample_id(k + 1, group, m) for m in range(t.group_size)]
         error: Exception | None = None
         for attempt in range(GROUP_ATTEMPTS):
-            try:
-                return await self.handles["env_worker"].run_group.remote(k, group, [seed] * t.group_size, sids)
-            except Exception as exc:  # noqa: BLE001 - a dead replica: Serve restarts it, the group goes to another
+            try:  # a replica dying under the call: the supervisor re-sends it once Serve has replaced the replica
+                return await self.supervisor.call("env_worker", lambda: self.handles["env_worker"].run_group.remote(
+                    k, group, [seed] * t.group_size, sids), f"step {k + 1} group {group}")
+            except GlobalRestart:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the call itself failed: try again, then mask the group
                 error = exc
                 log.warning("step %d group %d: env worker call failed (attempt %d of %d): %s", k + 1, group, attempt + 1,
                             GROUP_ATTEMPTS, exc)
-        await self.bus.put(k, [masked_row(sid, group, seed) for sid in sids])  # the step completes without them
+        routing = routing_dims(self.cfg.model)
+        await self.bus.put(k, [masked_row(sid, group, seed, routing) for sid in sids])  # the step completes without them
+        self.given_up.extend(sids)
         return [{"sample_id": sid, "group_id": group, "reward": 0.0, "status": "env_error", "trainable": False, "accuracy": 0.0,
                  "format": 0.0, "completion_tokens": 0, "turns": 0, "tool_calls": 0, "error": f"{type(error).__name__}: {error}",
                  "policy_versions": []} for sid in sids]
@@ -370,7 +453,8 @@ class AsyncTrainer:
         seeds = [500_000 + i for i in range(n)]
         worker = self.handles["env_worker"]
         chunks = [seeds[i : i + EVAL_CHUNK] for i in range(0, n, EVAL_CHUNK)]
-        answers = await asyncio.gather(*(worker.evaluate.remote(c) for c in chunks))
+        answers = await asyncio.gather(*(self.supervisor.call("env_worker", lambda c=c: worker.evaluate.remote(c), "eval")
+                                         for c in chunks))
         trajs = [e for a in answers for e in a]
         ok = [e for e in trajs if e["status"] not in ("env_error", "engine_error")]
         return {
@@ -381,6 +465,167 @@ class AsyncTrainer:
             "eval_tool_calls": float(np.mean([e["tool_calls"] for e in ok])) if ok else 0.0,
             "eval_policy_version": self.version,
         }
+
+    # -- recovery ------------------------------------------------------------------------------------------------
+
+    async def _supervised(self, main: Any) -> dict[str, Any]:
+        """Run the training loop until it returns, a background task fails, or the supervisor's watch asks for a
+        global restart; the loop is cancelled (its steps in flight abandoned) in the last two cases."""
+        self._failure = asyncio.get_running_loop().create_future()
+        loop_task = asyncio.ensure_future(main)
+        assert self.supervisor is not None
+        watch = asyncio.ensure_future(self.supervisor.watch())
+        try:
+            done, _ = await asyncio.wait({loop_task, watch, self._failure}, return_when=asyncio.FIRST_COMPLETED)
+            if loop_task in done:
+                return loop_task.result()
+            loop_task.cancel()
+            await asyncio.gather(loop_task, return_exceptions=True)
+            for stopped in (self._failure, watch):
+                if stopped in done:
+                    stopped.result()  # raises what stopped the run
+            raise RuntimeError("the supervised loop stopped without a cause")  # pragma: no cover
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        """A background task of the loop (a rollout, a streaming call, a fault) whose failure stops the run at once
+        instead of leaving the actor waiting for data that will not come."""
+        task = asyncio.ensure_future(coro)
+
+        def report(done: asyncio.Task) -> None:
+            if not done.cancelled() and done.exception() is not None and self._failure is not None and not self._failure.done():
+                self._failure.set_exception(done.exception())
+
+        task.add_done_callback(report)
+        return task
+
+    async def _actor(self, call: Any, what: str) -> Any:
+        """A call to the actor; its replica dying means a global restart (its training state is gone)."""
+        assert self.supervisor is not None
+        return await self.supervisor.call("actor", call, what)
+
+    async def _stream(self, role: str, k: int, call: Any) -> Any:
+        """A streaming role's call for partition k. If its replica dies, the rows it had fetched and not acked are
+        given back (its bus task is the role's name) and the call is sent again once Serve has replaced it: rows
+        the dead call finished stay done, the others are processed once."""
+        assert self.supervisor is not None
+
+        async def once() -> Any:
+            try:
+                return await call()
+            except Exception as exc:
+                if is_replica_failure(exc) and self.bus is not None:
+                    freed = await self.bus.release_task(role, k)
+                    log.warning("step %d: a %s replica died; %d leased row(s) given back", k + 1, role, freed)
+                raise
+
+        return await self.supervisor.call(role, once, f"step {k + 1} {role}")
+
+    async def _inject(self, k: int) -> None:
+        """Fire the faults due when step k + 1 starts (``faults:``)."""
+        for fault in self.faults.due(k + 1):
+            spec = fault.spec
+            if spec.kind == "kill":
+                if spec.delay_s:
+                    await asyncio.sleep(spec.delay_s)
+                self.faults.record(fault, topology=self.prefix)  # first: a replayed step must not fire it again
+                rng = random.Random(f"{self.cfg.faults.seed}:{k + 1}:{spec.role}")
+                name = await asyncio.to_thread(kill_replica, f"{self.prefix}-{spec.role}", spec.role, rng)
+                log.warning("fault injection: killed %s at step %d", name, k + 1)
+            else:
+                role = "inference" if spec.kind == "engine_error" else "env_worker"
+                await self.handles[role].arm_fault.remote(spec.kind, spec.count)
+                self.faults.record(fault, topology=self.prefix)
+
+    async def _checkpoint(self, step: int) -> None:
+        """The actor writes the checkpoint; the controller adds its sample ledger, the bus cursor and its clock.
+        Rows of partitions after ``step`` are not saved: a resumed run regenerates them from their seeds, under
+        the same sample ids."""
+        keep = lambda ids: [s for s in ids if sample_step(s) <= step]  # noqa: E731
+        extra = {"produced": keep(self.produced), "consumed": keep(self.consumed), "given_up": keep(self.given_up),
+                 "bus": {"next_partition": step, "partitions_done": step},
+                 "elapsed_s": time.perf_counter() - getattr(self, "_start_time", time.perf_counter())}
+        actor = self.handles["actor"]
+        await self._actor(lambda: actor.checkpoint.remote(step, str(self.run_dir), extra), f"checkpoint {step}")
+
+    def _restore_ledger(self) -> None:
+        """The sample ledger as the checkpoint being resumed saved it (empty when starting over)."""
+        state = self.resume.state if self.resume is not None else None
+        extra = state.extra if state is not None else {}
+        dropped = [s for s in self.produced if state is None or sample_step(s) > state.step]
+        self.regenerated += len(dropped)
+        self.produced = list(extra.get("produced", []))
+        self.consumed = list(extra.get("consumed", []))
+        self.given_up = list(extra.get("given_up", []))
+
+    async def _global_restart(self, cause: GlobalRestart) -> None:
+        """Level 2: tear the topology down and prepare to start it again from the latest checkpoint."""
+        self.level2 += 1
+        limit = self.cfg.roles.max_global_restarts
+        if self.level2 > limit:
+            raise RecoveryError(f"{cause}; the run already restarted {limit} time(s) (roles.max_global_restarts)") from cause
+        log.warning("global restart %d (of at most %d): %s", self.level2, limit, cause)
+        self.progress("restart", {"level": 2, "reason": str(cause)})
+        await self._count_level1()
+        await self._teardown()
+        self.metrics.close()
+        self.resume = resume_point(self.run_dir, self.cfg.trainer)  # rewinds metrics.jsonl to the checkpoint
+        self.restarted_from.append(self.resume.step)
+        self.metrics = MetricsWriter(self.run_dir, tensorboard=self.cfg.metrics.tensorboard, purge_step=self.resume.step + 1)
+        self._restore_ledger()
+        self.prefix = f"relax-{uuid.uuid4().hex[:8]}"
+
+    async def _count_level1(self) -> None:
+        """Add the current topology's replaced replicas to the run's level-1 count (before it is torn down)."""
+        if self.supervisor is not None:
+            try:
+                self.level1.update(await self.supervisor.restarts())
+            except Exception:  # noqa: BLE001 - the registry is gone with the topology
+                log.debug("reading the replica registry failed", exc_info=True)
+            self.supervisor = None
+
+    async def _teardown(self) -> None:
+        """Delete this topology's Serve applications and Ray actors (the TransferQueue actors stay up)."""
+        import ray
+        from ray import serve
+
+        bus, self.bus = self.bus, None
+        if bus is not None:
+            try:
+                await bus.close()
+            except Exception:  # noqa: BLE001 - the bus may be gone with the topology
+                log.debug("closing the bus connection failed", exc_info=True)
+        apps, self.apps = self.apps, []
+
+        def delete(app: str) -> None:
+            try:
+                serve.delete(app, _blocking=True)  # returns once its replicas are gone (their CPUs free again)
+            except Exception:  # noqa: BLE001 - best effort
+                log.debug("deleting %s failed", app, exc_info=True)
+
+        await asyncio.gather(*(asyncio.to_thread(delete, app) for app in apps))
+        for actor in self.actors:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        self.actors, self.handles, self._side_tasks = [], {}, []
+
+    async def _recovery_figures(self, steps_done: int) -> dict[str, Any]:
+        """Restarts by level, faults fired, and samples lost: ids the run should have trained (every step done)
+        that the actor never consumed, or that were masked because their env worker never answered."""
+        level1 = Counter(self.level1)
+        if self.supervisor is not None:
+            level1.update(await self.supervisor.restarts())
+        t = self.cfg.trainer
+        expected = {sample_id(s, g, m) for s in range(1, steps_done + 1) for g in range(t.prompts_per_step)
+                    for m in range(t.group_size)}
+        lost = expected - set(self.consumed) | (set(self.given_up) & expected)
+        return {"restarts_level1": {r: n for r, n in sorted(level1.items()) if n}, "restarts_level2": self.level2,
+                "restarted_from_steps": list(self.restarted_from),
+                "faults_injected": self.faults.counts(), "samples_lost": len(lost), "samples_regenerated": self.regenerated}
 
     # -- teardown ------------------------------------------------------------------------------------------------
 
@@ -413,7 +658,3 @@ class AsyncTrainer:
 def _share(pairs: list[tuple[float, float]]) -> float:
     total = sum(step for _, step in pairs)
     return sum(wait for wait, _ in pairs) / total if total > 0 else 0.0
-
-
-async def _awaitable(response: Any) -> Any:
-    return await response

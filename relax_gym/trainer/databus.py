@@ -30,6 +30,7 @@ from relax_gym.trainer.databus_core import (
     DataBus,
     DataBusError,
     DataBusInputError,
+    DuplicateRowError,
     LeaseError,
 )
 from relax_gym.trainer.databus_tq import TransferQueueBus
@@ -41,6 +42,7 @@ __all__ = [
     "DataBus",
     "DataBusError",
     "DataBusInputError",
+    "DuplicateRowError",
     "InProcessBus",
     "LeaseError",
     "TransferQueueBus",

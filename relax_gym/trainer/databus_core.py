@@ -39,7 +39,12 @@ class LeaseError(DataBusError):
     """An ack or give-back named a lease that is not (or no longer) outstanding."""
 
 
-ERRORS: dict[str, type[DataBusError]] = {c.__name__: c for c in (DataBusError, DataBusInputError, LeaseError)}
+class DuplicateRowError(DataBusInputError):
+    """A put named a sample id that is already on the partition (e.g. a retried producer whose first put landed)."""
+
+
+ERRORS: dict[str, type[DataBusError]] = {c.__name__: c for c in (DataBusError, DataBusInputError, LeaseError,
+                                                                 DuplicateRowError)}
 
 
 @dataclass
@@ -90,8 +95,9 @@ class DataBus(Protocol):
     async def give_back(self, batch: BusBatch) -> None:
         """The batch was not processed: its rows become fetchable again for its task."""
 
-    async def release_task(self, task: str) -> int:
-        """Give back every unacked lease of ``task`` (its consumer died); returns the number of rows given back."""
+    async def release_task(self, task: str, partition: int | None = None) -> int:
+        """Give back every unacked lease of ``task`` (its consumer died), only those on ``partition`` when given;
+        returns the number of rows given back."""
 
     async def drop_partition(self, partition: int) -> None:
         """Delete a partition's rows and leases; later puts and fetches on it are errors."""
@@ -321,15 +327,20 @@ class DeliveryLedger:
         part.group_size = group_size if group_size is not None else part.group_size
 
     def register(self, partition: int, sample_ids: list[str], groups: list[Any] | None = None,
-                 dtypes: dict[str, str] | None = None, group_field: str = "group_id") -> None:
+                 dtypes: dict[str, str] | None = None, group_field: str = "group_id", *,
+                 replace_unbound: bool = False) -> None:
         """Record new rows (all or nothing). ``groups[i]`` is row i's group value or None when it has none;
-        ``dtypes`` the tensor dtype of each field the rows carry (see :func:`column_dtypes`)."""
+        ``dtypes`` the tensor dtype of each field the rows carry (see :func:`column_dtypes`). With
+        ``replace_unbound``, rows registered before but never bound to storage (their producer died between
+        registering and writing them) are forgotten first, so the retried put goes through."""
         part = self._part(partition, create=True)
         assert part is not None
         self._check_dtypes(partition, part, dtypes or {})
+        if replace_unbound:
+            self.unregister(partition, [s for s in sample_ids if s in part.rows and part.rows[s].index is None])
         for sid in sample_ids:
             if sid in part.rows:
-                raise DataBusInputError(f"partition {partition}: duplicate sample_id {sid!r} (already put)")
+                raise DuplicateRowError(f"partition {partition}: duplicate sample_id {sid!r} (already put)")
         total = len(part.rows) + len(sample_ids)
         if part.sealed is not None and total > part.sealed:
             raise DataBusInputError(
@@ -516,10 +527,10 @@ class DeliveryLedger:
         self._close(lease, "already given back")
         return len(lease.sample_ids)
 
-    def release_task(self, task: str) -> int:
+    def release_task(self, task: str, partition: int | None = None) -> int:
         self.expire()
         given = 0
-        for lease_id in [k for k, v in self._leases.items() if v.task == task]:
+        for lease_id in [k for k, v in self._leases.items() if v.task == task and partition in (None, v.partition)]:
             lease = self._leases.pop(lease_id)
             self._release_rows(lease)
             self._close(lease, f"released with task {task!r}")

@@ -265,8 +265,9 @@ class TransferQueueBus(DataBus):
         names = list(dict.fromkeys(k for b in bodies for k in b))
         dtypes = column_dtypes(partition, {n: [b[n] for b in bodies if n in b] for n in names})
         client = await self._connect()
+        # replace_unbound: a producer that died between registering these rows and writing them left them behind
         await self._call("register", partition, ids, [b.get(self.group_field) for b in bodies], dtypes,
-                         self.group_field)
+                         self.group_field, replace_unbound=True)
         try:
             meta = await client.async_kv_retrieve_meta(keys=ids, partition_id=self._pid(partition), create=True)
             # rows with the same fields go in one write; rows that lack some field get their own
@@ -328,8 +329,8 @@ class TransferQueueBus(DataBus):
     async def give_back(self, batch: BusBatch) -> None:
         self._stats.add("given_back", await self._call("give_back", batch.lease_id, batch.partition, batch.task))
 
-    async def release_task(self, task: str) -> int:
-        n = await self._call("release_task", check_task(task))
+    async def release_task(self, task: str, partition: int | None = None) -> int:
+        n = await self._call("release_task", check_task(task), None if partition is None else check_partition(partition))
         self._stats.add("given_back", n)
         return n
 

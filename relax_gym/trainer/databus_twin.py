@@ -143,9 +143,9 @@ class InProcessBus(DataBus):
         self._stats.add("given_back", n)
         await self._notify()
 
-    async def release_task(self, task: str) -> int:
+    async def release_task(self, task: str, partition: int | None = None) -> int:
         self._check_open()
-        n = self._ledger.release_task(check_task(task))
+        n = self._ledger.release_task(check_task(task), None if partition is None else check_partition(partition))
         self._stats.add("given_back", n)
         await self._notify()
         return n

@@ -9,7 +9,9 @@ from typing import Any
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True) -> None:
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True, purge_step: int | None = None) -> None:
+        """``purge_step``: a resumed run's first step; TensorBoard hides the events at and after it that the
+        interrupted run wrote (``metrics.jsonl`` is rewound by :func:`~relax_gym.trainer.checkpoint.rewind_metrics`)."""
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = self.path.open("a", encoding="utf-8")
@@ -17,7 +19,7 @@ class MetricsWriter:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+            self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"), purge_step=purge_step)
 
     def write(self, step: int, values: dict[str, Any]) -> None:
         row = {"step": step, **{k: _plain(v) for k, v in values.items()}}

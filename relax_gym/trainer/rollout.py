@@ -21,6 +21,7 @@ import torch
 from relax_gym.omni import Message
 from relax_gym.omni.render import Rendered, extend, render
 from relax_gym.trainer.engines.protocol import media_data
+from relax_gym.trainer.routing import decode_routed_experts, empty_routing, merge_turn
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class Trajectory:
     completion_tokens: int = 0
     weight_version: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    # MoE policies: (positions, MoE layers, top_k) int16 expert ids, positions from 0 (see trainer/routing.py)
+    routed_experts: torch.Tensor | None = None
 
     @property
     def trainable(self) -> bool:
@@ -59,9 +62,15 @@ class Trajectory:
 
 
 async def run_episode(env, client, processor, *, seed: int, group_id: int, sampling_params: dict[str, Any],
-                      options: dict[str, Any] | None = None, max_turns: int | None = None) -> Trajectory:
-    """Play one episode. ``env`` is a gymnasium env (stepped in a worker thread); ``client`` an EngineClient."""
+                      options: dict[str, Any] | None = None, max_turns: int | None = None,
+                      routing: tuple[int, int] | None = None) -> Trajectory:
+    """Play one episode. ``env`` is a gymnasium env (stepped in a worker thread); ``client`` an EngineClient.
+    ``routing``: ``(MoE layers, top_k)`` of an MoE policy: every turn asks for the routed experts and the
+    trajectory keeps them (``routed_experts``)."""
     traj = Trajectory(group_id=group_id, seed=seed)
+    if routing is not None:
+        traj.routed_experts = empty_routing(*routing)
+    extra = {"return_routed_experts": True} if routing is not None else {}
     try:
         obs, info = await _in_env_thread(env.reset, seed=seed, options=options)
     except Exception as exc:  # a broken record or media file: this episode is lost, the step goes on
@@ -75,7 +84,10 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
     done = False
     while not done:
         try:
-            out = await client.generate(rendered.input_ids, sampling_params=sampling_params, return_logprob=True, **media_data(conversation))
+            out = await client.generate(rendered.input_ids, sampling_params=sampling_params, return_logprob=True,
+                                        **extra, **media_data(conversation))
+            if routing is not None:
+                traj.routed_experts = merge_turn(traj.routed_experts, decode_routed_experts(out.meta_info, *routing))
         except Exception as exc:
             return _failed(traj, "engine_error", exc, rendered, logprobs)
         traj.turns += 1

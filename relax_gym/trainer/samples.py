@@ -1,7 +1,9 @@
 """Trajectories as data-bus rows, and bus rows as the items the actor trains on. Plain helpers shared by the
 roles (which never import one another).
 
-One row per episode. The env worker writes the rollout columns (:data:`ROLLOUT_FIELDS`); later roles add their
+One row per episode. The env worker writes the rollout columns (:data:`ROLLOUT_FIELDS`, and for an MoE policy
+:data:`ROUTING_FIELD`: the episode's routed experts as one int16 ``(tokens, layers, k)`` tensor, moved by the bus as
+a raw tensor buffer, never pickled); later roles add their
 own columns to the same rows (``ref_logprobs`` by the reference role, ``advantages`` and ``keep`` by the
 advantages role). A sample id names the step, the group and the member: ``"s000003-g0002-01"``.
 """
@@ -15,16 +17,19 @@ from typing import Any
 import torch
 
 from relax_gym.trainer.rollout import MASKED_STATUSES, Trajectory
+from relax_gym.trainer.routing import ROUTING_DTYPE, empty_routing
 
 __all__ = [
-    "ROLLOUT_FIELDS", "TRAIN_FIELDS", "EpisodeSummary", "TrainItem", "masked_row", "parse_version", "sample_id", "summary_of",
+    "ROLLOUT_FIELDS", "ROUTING_FIELD", "TRAIN_FIELDS", "EpisodeSummary", "TrainItem", "masked_row", "parse_version", "sample_id", "summary_of",
     "as_list", "train_items", "trajectory_row",
 ]
 
 # Written by the env worker for every episode (failed ones included, masked: loss_mask all 0, trainable False).
 ROLLOUT_FIELDS = ("sample_id", "group_id", "seed", "tokens", "loss_mask", "rollout_logprobs", "mm_inputs", "reward",
                   "status", "trainable", "policy_version", "policy_versions")
-# What the actor reads per row (plus ``ref_logprobs`` when a reference role runs).
+# An MoE policy's rows also carry this column (written by the env worker, read by the actor).
+ROUTING_FIELD = "routed_experts"
+# What the actor reads per row (plus ``ref_logprobs`` when a reference role runs, ``routed_experts`` for MoE).
 TRAIN_FIELDS = ("group_id", "tokens", "loss_mask", "rollout_logprobs", "mm_inputs", "status", "trainable",
                 "policy_version", "policy_versions", "advantages", "keep")
 
@@ -47,7 +52,7 @@ def trajectory_row(traj: Trajectory, sid: str, versions: Sequence[int]) -> dict[
     """The bus row of one finished (or failed) episode. ``versions``: the policy version of each generated turn."""
     versions = [int(v) for v in versions]
     trainable = bool(traj.trainable)
-    return {
+    row = {
         "sample_id": sid,
         "group_id": int(traj.group_id),
         "seed": int(traj.seed),
@@ -61,6 +66,9 @@ def trajectory_row(traj: Trajectory, sid: str, versions: Sequence[int]) -> dict[
         "policy_version": min(versions) if versions else -1,
         "policy_versions": versions,
     }
+    if traj.routed_experts is not None:
+        row[ROUTING_FIELD] = traj.routed_experts.detach().cpu().to(ROUTING_DTYPE).contiguous()
+    return row
 
 
 @dataclass
@@ -111,6 +119,7 @@ class TrainItem:
     trainable: bool
     policy_versions: list[int]
     ref_logprobs: torch.Tensor | None = None
+    routed_experts: torch.Tensor | None = None  # MoE: (positions, layers, k) int16 recorded at rollout
 
     @property
     def trained(self) -> bool:
@@ -123,6 +132,7 @@ def train_items(sample_ids: Sequence[str], fields: dict[str, list[Any]]) -> list
     as tensors (a bus may store sequences as tensors); both are accepted."""
     n = len(sample_ids)
     refs = fields.get("ref_logprobs") or [None] * n
+    routed = fields.get(ROUTING_FIELD) or [None] * n
     return [
         TrainItem(
             sample_id=sample_ids[i], group_id=int(fields["group_id"][i]), input_ids=[int(x) for x in as_list(fields["tokens"][i])],
@@ -131,7 +141,7 @@ def train_items(sample_ids: Sequence[str], fields: dict[str, list[Any]]) -> list
             mm=dict(fields["mm_inputs"][i] or {}), advantage=float(fields["advantages"][i]),
             keep=bool(fields["keep"][i]), trainable=bool(fields["trainable"][i]),
             policy_versions=[int(v) for v in as_list(fields["policy_versions"][i])],
-            ref_logprobs=_tensor(refs[i]),
+            ref_logprobs=_tensor(refs[i]), routed_experts=routed[i],
         )
         for i in range(n)
     ]
@@ -150,8 +160,12 @@ def _tensor(value: Any) -> torch.Tensor | None:
     return value.float() if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=torch.float32)
 
 
-def masked_row(sid: str, group: int, seed: int) -> dict[str, Any]:
-    """The row of an episode that never ran (its env worker failed every attempt): no tokens, masked."""
-    return {"sample_id": sid, "group_id": int(group), "seed": int(seed), "tokens": [], "loss_mask": [],
-            "rollout_logprobs": [], "mm_inputs": {}, "reward": 0.0, "status": "env_error", "trainable": False,
-            "policy_version": -1, "policy_versions": []}
+def masked_row(sid: str, group: int, seed: int, routing: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The row of an episode that never ran (its env worker failed every attempt): no tokens, masked. ``routing``:
+    ``(MoE layers, top_k)`` of an MoE policy, whose rows all carry the routing column (here empty)."""
+    row = {"sample_id": sid, "group_id": int(group), "seed": int(seed), "tokens": [], "loss_mask": [],
+           "rollout_logprobs": [], "mm_inputs": {}, "reward": 0.0, "status": "env_error", "trainable": False,
+           "policy_version": -1, "policy_versions": []}
+    if routing is not None:
+        row[ROUTING_FIELD] = empty_routing(*routing)
+    return row

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 MAX_DEAD_ENGINES = 4  # engines dropped (and pushes retried) within one push at most
 
-__all__ = ["DCSPusher", "SharedCoordinator", "register_engine", "start_coordinator"]
+__all__ = ["DCSPusher", "SharedCoordinator", "advertised_url", "register_engine", "start_coordinator"]
 
 
 def start_coordinator(name: str, *, transport: str = "tcp", bucket_mb: float = 256.0) -> Any:
@@ -34,10 +34,23 @@ def start_coordinator(name: str, *, transport: str = "tcp", bucket_mb: float = 2
 
 
 def register_engine(coordinator: Any, url: str) -> None:
-    """Called by an inference replica when its engine is up (a replica restarted in place registers again)."""
+    """Called by an inference replica when its engine is up (a replica restarted in place registers again). An
+    engine bound to every interface (``inference.host: 0.0.0.0``, multi-node runs) registers under its node's IP."""
     import ray
 
-    ray.get(coordinator.add_engine.remote(url))
+    ray.get(coordinator.add_engine.remote(advertised_url(url)))
+
+
+def advertised_url(url: str) -> str:
+    """``url`` with a wildcard bind address (``0.0.0.0`` / ``::``) replaced by this Ray node's IP address."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.hostname not in ("0.0.0.0", "::"):
+        return url
+    import ray
+
+    return f"{parts.scheme}://{ray.util.get_node_ip_address()}:{parts.port}"
 
 
 class SharedCoordinator:
@@ -69,10 +82,14 @@ class DCSPusher:
     which registers itself) is removed from the coordinator and the push is tried again: nothing was sent yet,
     so the retry is safe. Any other failure is raised as the DCS reports it."""
 
-    def __init__(self, coordinator: Any, model: torch.nn.Module) -> None:
+    def __init__(self, coordinator: Any, model: torch.nn.Module, *, disk_dir: str | None = None) -> None:
+        from relax_gym.trainer.engines.factory import push_transport
+
         self.coordinator = coordinator
         shared = coordinator if isinstance(coordinator, DCSCoordinator) else SharedCoordinator(coordinator)
-        self.client = DCSClient(shared, names=checkpoint_names(model))
+        # nccl (SGLang engines) falls back to disk (``disk_dir``: a directory the engines see) when it cannot be used
+        transport = push_transport(shared.push_plan().transport, disk_dir=disk_dir)
+        self.client = DCSClient(shared, names=checkpoint_names(model), transport=transport, disk_dir=disk_dir)
 
     async def push(self, state: dict[str, torch.Tensor], version: int) -> Any:
         for _ in range(MAX_DEAD_ENGINES):

@@ -60,6 +60,7 @@ class AlgorithmConfig(BaseModel):
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal (DAPO)
     tis_cap: float | None = Field(default=None, gt=1)  # truncated-IS cap; None = no rollout correction
     temperature: float = Field(default=1.0, gt=0)  # the sampler's; token_logprobs must use the same
+    routing_replay: bool = False  # MoE policies: force the rollout's routed experts in the training forward (R3)
 
     @model_validator(mode="before")
     @classmethod

@@ -11,6 +11,9 @@
 - :mod:`~relax_gym.trainer.engines.weight_sync`: the trainer side of the distributed weight update.
 - :mod:`~relax_gym.trainer.engines.openai_api`: the OpenAI-compatible chat endpoint and its session recorder.
 - :mod:`~relax_gym.trainer.engines.process`: ``spawn_engine``, an engine server in a child process.
+- :mod:`~relax_gym.trainer.engines.sglang`: ``launch_sglang``, a real SGLang server as a child process group, and
+  the request mapping that lets the same client drive it.
+- :mod:`~relax_gym.trainer.engines.factory`: ``start_engine``, the engine ``inference.engine`` names.
 
 Names are imported lazily (the engine pulls in transformers; the client does not).
 """
@@ -35,6 +38,9 @@ _EXPORTS = {
     "SessionRecorder": "openai_api",
     "EngineProcess": "process",
     "spawn_engine": "process",
+    "SGLangServer": "sglang",
+    "launch_sglang": "sglang",
+    "start_engine": "factory",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -300,11 +300,23 @@ class AsyncEngineClient:
         return await self._json("GET", "/get_model_info")
 
     async def get_server_info(self) -> dict[str, Any]:
-        return await self._json("GET", "/get_server_info")
+        """``/get_server_info`` (``/server_info`` on SGLang versions that dropped the old name)."""
+        try:
+            return await self._json("GET", "/get_server_info")
+        except EngineHTTPError as exc:
+            if exc.status_code != 404:
+                raise
+            return await self._json("GET", "/server_info")
 
     async def get_weight_version(self) -> str | None:
-        """The version the engine reports (``/get_weight_version``)."""
-        data = await self._json("GET", "/get_weight_version")
+        """The version the engine reports: ``/get_weight_version``, or the ``weight_version`` of ``/model_info``
+        where that endpoint is gone (SGLang 0.5.23 has only ``/model_info`` / ``/get_model_info``)."""
+        try:
+            data = await self._json("GET", "/get_weight_version")
+        except EngineHTTPError as exc:
+            if exc.status_code != 404:
+                raise
+            data = await self._json("GET", "/model_info")
         return data.get("weight_version") if isinstance(data, Mapping) else None
 
     async def weights_checksum(self, names: Sequence[str] | None = None) -> dict[str, str]:

@@ -35,7 +35,7 @@ class _Call:
 class CoalescingClient:
     """Wraps an :class:`AsyncEngineClient`; ``generate`` has the same signature for token-id prompts.
 
-    Calls with the same ``return_logprob`` / ``top_logprobs_num`` share a batch; ``max_batch`` caps one HTTP
+    Calls with the same ``return_logprob`` / ``top_logprobs_num`` / ``return_routed_experts`` share a batch; ``max_batch`` caps one HTTP
     request (the engine still splits by its own ``max_batch``). Everything else is delegated to the client."""
 
     def __init__(self, client: AsyncEngineClient, *, window_s: float = 0.002, max_wait_s: float = 0.02,
@@ -46,9 +46,9 @@ class CoalescingClient:
         self.window_s = float(window_s)
         self.max_wait_s = float(max_wait_s)
         self.max_batch = int(max_batch)
-        self._pending: dict[tuple[bool, int | None], list[_Call]] = {}
-        self._flushers: dict[tuple[bool, int | None], asyncio.Task] = {}
-        self._arrived: dict[tuple[bool, int | None], asyncio.Event] = {}
+        self._pending: dict[tuple[bool, int | None, bool], list[_Call]] = {}
+        self._flushers: dict[tuple[bool, int | None, bool], asyncio.Task] = {}
+        self._arrived: dict[tuple[bool, int | None, bool], asyncio.Event] = {}
         self.stats = {"calls": 0, "batches": 0, "fallback_batches": 0}
 
     def __getattr__(self, name: str) -> Any:  # weights, control, health: straight to the wrapped client
@@ -56,8 +56,9 @@ class CoalescingClient:
 
     async def generate(self, input_ids: Sequence[int], *, image_data: Any = None, video_data: Any = None,
                        audio_data: Any = None, sampling_params: Mapping[str, Any] | None = None,
-                       return_logprob: bool = True, top_logprobs_num: int | None = None) -> GenerateOutput:
-        key = (bool(return_logprob), top_logprobs_num)
+                       return_logprob: bool = True, top_logprobs_num: int | None = None,
+                       return_routed_experts: bool = False) -> GenerateOutput:
+        key = (bool(return_logprob), top_logprobs_num, bool(return_routed_experts))
         call = _Call([int(i) for i in input_ids], {"image_data": image_data, "video_data": video_data, "audio_data": audio_data},
                      dict(sampling_params or {}), asyncio.get_running_loop().create_future())
         self.stats["calls"] += 1
@@ -72,7 +73,7 @@ class CoalescingClient:
             self._arrived[key].set()
         return await call.future
 
-    async def _flush_when_quiet(self, key: tuple[bool, int | None]) -> None:
+    async def _flush_when_quiet(self, key: tuple[bool, int | None, bool]) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.max_wait_s
         arrived = self._arrived[key]
@@ -88,7 +89,7 @@ class CoalescingClient:
         self._flushers.pop(key, None)
         self._send_now(key)
 
-    def _send_now(self, key: tuple[bool, int | None]) -> None:
+    def _send_now(self, key: tuple[bool, int | None, bool]) -> None:
         calls = self._pending.pop(key, [])
         task = self._flushers.pop(key, None)
         if task is not None and task is not asyncio.current_task():
@@ -96,8 +97,8 @@ class CoalescingClient:
         if calls:
             asyncio.ensure_future(self._send(calls, key))
 
-    async def _send(self, calls: list[_Call], key: tuple[bool, int | None]) -> None:
-        return_logprob, top_n = key
+    async def _send(self, calls: list[_Call], key: tuple[bool, int | None, bool]) -> None:
+        return_logprob, top_n, routed = key
         if len(calls) == 1:
             await self._send_one(calls[0], key)
             return
@@ -107,7 +108,8 @@ class CoalescingClient:
         try:
             outs = await self.client.generate_batch([c.input_ids for c in calls], **media,
                                                     sampling_params=[c.sampling_params for c in calls],
-                                                    return_logprob=return_logprob, top_logprobs_num=top_n)
+                                                    return_logprob=return_logprob, top_logprobs_num=top_n,
+                                                    **({"return_routed_experts": True} if routed else {}))
         except EngineHTTPError as exc:
             if 400 <= exc.status_code < 500:  # one bad request must not fail its neighbours: resend them alone
                 self.stats["fallback_batches"] += 1
@@ -125,12 +127,12 @@ class CoalescingClient:
             if not call.future.done():
                 call.future.set_result(out)
 
-    async def _send_one(self, call: _Call, key: tuple[bool, int | None]) -> None:
-        return_logprob, top_n = key
+    async def _send_one(self, call: _Call, key: tuple[bool, int | None, bool]) -> None:
+        return_logprob, top_n, routed = key
         try:
             out = await self.client.generate(call.input_ids, **{k: v for k, v in call.media.items() if v},
                                              sampling_params=call.sampling_params, return_logprob=return_logprob,
-                                             top_logprobs_num=top_n)
+                                             top_logprobs_num=top_n, **({"return_routed_experts": True} if routed else {}))
         except Exception as exc:  # noqa: BLE001 - the caller gets exactly what a single call would raise
             self._fail([call], exc)
             return

@@ -31,6 +31,12 @@ the *sampling distribution before truncation*: ``log_softmax(masked_logits / T)`
 the same weights (a test checks 1e-4), i.e. the behaviour-policy log-prob an RL loss wants; top-k / top-p / min-p
 truncation is *not* renormalised into it (SGLang's default logprobs are likewise pre-truncation).
 
+**Routed experts** (MoE models; SGLang's ``return_routed_experts``). A batch with such a request runs its
+``model.generate`` under a :class:`~relax_gym.trainer.policy.routers.RoutingRecorder` (forward hooks on the routers,
+removed after the call), and each such row gets the top-k expert ids of every MoE layer for its prompt tokens and
+every generated token but the last (the tokens that were forwarded), base64-encoded in ``meta_info`` as SGLang
+sends them (:mod:`relax_gym.trainer.routing`). A dense model refuses the flag.
+
 **Finish reasons** follow SGLang's order: ``{"type": "length", "length": max_new_tokens}`` once
 ``max_new_tokens`` tokens exist (checked first, even if the last one is EOS), else
 ``{"type": "stop", "matched": token_id}`` for EOS (unless ``ignore_eos``) or a ``stop_token_ids`` id, else
@@ -61,6 +67,7 @@ succeeds: there is no prefix / KV cache that outlives a ``model.generate`` call.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -86,6 +93,9 @@ from relax_gym.trainer.engines.protocol import (
     deserialize_named_tensors,
     parse_request,
 )
+from relax_gym.trainer.engines.shared_prefill import plan_sharing, prefill
+from relax_gym.trainer.policy.routers import RoutingRecorder, moe_routers
+from relax_gym.trainer.routing import encode_routed_experts
 from relax_gym.trainer.engines.weight_sync import (
     DEFAULT_GROUP_NAME,
     FLATTENED_BUCKET,
@@ -237,7 +247,7 @@ class EmbeddedEngine:
 
     def __init__(self, model: Any, processor: Any, *, max_batch: int = 16, batch_window_s: float = 0.005,
                  weight_version: str = "0", model_path: str | None = None, decode_cache: Any = "default",
-                 dist_timeout_s: float = 120.0) -> None:
+                 dist_timeout_s: float = 120.0, share_prefill: bool = True) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if batch_window_s < 0:
@@ -250,6 +260,7 @@ class EmbeddedEngine:
         self.batch_window_s = float(batch_window_s)
         self.model_path = model_path
         self.dist_timeout_s = float(dist_timeout_s)
+        self.share_prefill = bool(share_prefill)  # prefill identical prompts of a batch once (shared_prefill.py)
         self._cache = default_cache if decode_cache == "default" else decode_cache
         self._weight_version = str(weight_version)
         model.eval()
@@ -271,6 +282,7 @@ class EmbeddedEngine:
         )
         self._state = model.state_dict(keep_vars=True)
         self._names = self._build_name_map()
+        self.moe = bool(moe_routers(model))  # routed experts can be recorded (return_routed_experts)
 
         self._cv = threading.Condition()
         self._queue: deque[_Pending] = deque()
@@ -285,7 +297,8 @@ class EmbeddedEngine:
         self._group_locks: dict[str, threading.Lock] = {}
         self._groups_lock = threading.Lock()
         self._stats = {"requests": 0, "batches": 0, "generate_calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                       "aborted": 0, "max_batch_seen": 0, "generate_seconds": 0.0, "weight_updates": 0}
+                       "aborted": 0, "max_batch_seen": 0, "generate_seconds": 0.0, "weight_updates": 0,
+                       "shared_prefill_rows": 0}
         self._thread = threading.Thread(target=self._loop, name="embedded-engine-scheduler", daemon=True)
         self._thread.start()
 
@@ -705,6 +718,9 @@ class EmbeddedEngine:
         bad_stop = [t for t in sp.stop_token_ids or [] if not 0 <= t < self.vocab_size]
         if bad_stop:
             raise EngineRequestError(f"{where}: sampling_params.stop_token_ids outside the vocabulary: {bad_stop[:5]}")
+        if req.return_routed_experts and not self.moe:
+            raise EngineRequestError(f"{where}: return_routed_experts needs a mixture-of-experts model; "
+                                     f"{type(self.model).__name__} has no MoE layers")
         stop_ids = frozenset(int(t) for t in sp.stop_token_ids or []) | (frozenset() if sp.ignore_eos else self.eos_token_ids)
         return _Pending(req=req, input_ids=ids, mm=mm, stop_ids=stop_ids, stop_strs=sp.stop_strings,
                         submitted=time.monotonic())
@@ -828,7 +844,12 @@ class EmbeddedEngine:
         sp = active[0].sp
         greedy = sp.greedy
         temperature = 1.0 if greedy else sp.temperature
-        batch = self.processor.collate([_Row(p.input_ids, [0] * len(p.input_ids), p.mm) for p in active], padding_side="left")
+        wants_routing = any(p.req.return_routed_experts for p in active)
+        # identical prompts (a GRPO group) are prefilled once; routing records are per row, so not with them
+        plan = None if wants_routing or not self.share_prefill else plan_sharing(
+            [(p.input_ids, p.mm) for p in active], set(self.processor.media_token_ids.values()))
+        rows_in = active if plan is None else [active[u] for u in plan.unique]
+        batch = self.processor.collate([_Row(p.input_ids, [0] * len(p.input_ids), p.mm) for p in rows_in], padding_side="left")
         batch.pop("loss_mask", None)
         batch = {k: v.to(self._device) for k, v in batch.items()}
         prompt_len = int(batch["input_ids"].shape[1])
@@ -846,9 +867,11 @@ class EmbeddedEngine:
         t0 = time.monotonic()
         saved = getattr(self.model, "generation_config", None)
         self.model.generation_config = self._neutral_generation  # nothing of the checkpoint's config leaks in
+        routing = RoutingRecorder(self.model, len(active)) if wants_routing else None
         try:
-            with torch.inference_mode():
-                sequences = self.model.generate(**batch, generation_config=config,
+            with torch.inference_mode(), (routing if routing is not None else contextlib.nullcontext()):
+                inputs = batch if plan is None else prefill(self.model, batch, plan.index)
+                sequences = self.model.generate(**inputs, generation_config=config,
                                                 logits_processor=LogitsProcessorList([recorder]),
                                                 stopping_criteria=StoppingCriteriaList([stopper]))
         finally:
@@ -862,6 +885,12 @@ class EmbeddedEngine:
         with self._cv:
             self._stats["generate_calls"] += 1
             self._stats["generate_seconds"] += elapsed
+            self._stats["shared_prefill_rows"] += plan.saved_rows if plan is not None else 0
+        ends = [e if e is not None else generated for e in stopper.ends]
+        routed = None
+        if routing is not None:  # row b: its prompt (left-padded) and every generated token but the last
+            routed = routing.rows([prompt_len - len(p.input_ids) for p in active],
+                                  [len(p.input_ids) + e - 1 for p, e in zip(active, ends)])
         for b, p in enumerate(active):
             end, reason = stopper.ends[b], stopper.reasons[b]
             if end is None:  # the loop ended without our criterion (e.g. a model max length)
@@ -871,10 +900,12 @@ class EmbeddedEngine:
             top = recorder.top_row(b, len(ids)) if (p.req.return_logprob and p.req.top_logprobs_num) else None
             if top is not None:
                 top = [entry[: p.req.top_logprobs_num] for entry in top]
-            self._resolve(p, ids, logprobs, reason, version, top=top)
+            experts = routed[b] if routed is not None and p.req.return_routed_experts else None
+            self._resolve(p, ids, logprobs, reason, version, top=top, routed_experts=experts)
 
     def _resolve(self, p: _Pending, ids: list[int], logprobs: list[float] | None, reason: FinishReason | None,
-                 version: str, *, top: list[list[tuple[float, int]]] | None = None) -> None:
+                 version: str, *, top: list[list[tuple[float, int]]] | None = None,
+                 routed_experts: torch.Tensor | None = None) -> None:
         sp, req = p.sp, p.req
         text_ids = ids
         if reason is not None and reason.type == "stop" and isinstance(reason.matched, int) and not sp.no_stop_trim and ids:
@@ -895,6 +926,8 @@ class EmbeddedEngine:
             if req.top_logprobs_num:
                 meta.output_top_logprobs = [[(_finite(v), i, token_text(i)) for v, i in step] for step in (top or [])]
                 meta.input_top_logprobs = []
+        if routed_experts is not None:
+            meta.routed_experts, meta.routed_experts_dtype = encode_routed_experts(routed_experts)
         with self._cv:
             self._stats["requests"] += 1
             self._stats["prompt_tokens"] += len(p.input_ids)

@@ -29,6 +29,11 @@ Response (a list of these for a batch request)::
                    "prompt_tokens": 57, "completion_tokens": 9, "cached_tokens": 0,
                    "output_token_logprobs": [[-0.11, 412, null], ...], "weight_version": "3", "e2e_latency": 0.2}}
 
+With ``"return_routed_experts": true`` (an MoE model) ``meta_info`` also holds SGLang's ``routed_experts`` (base64
+of the ``(prompt_tokens + completion_tokens - 1, layers, top_k)`` expert ids, row-major) and
+``routed_experts_dtype`` (``uint8`` / ``uint16`` / ``int32``); :mod:`relax_gym.trainer.routing` encodes and decodes
+them. A dense model refuses the flag (400).
+
 Tensor payloads (``update_weights_from_tensor``): SGLang's ``serialized_named_tensors`` holds one string per
 tensor-parallel rank, each SGLang's own ``MultiprocessingSerializer`` output (a pickle of CUDA IPC handles, base64
 in JSON): it only works for a trainer on the same host as a real SGLang server and is never unpickled here. **Our
@@ -246,6 +251,7 @@ class EngineRequest(BaseModel):
     return_logprob: bool = False
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    return_routed_experts: bool = False
     index: int = 0  # position in its batch (error messages)
 
     @property
@@ -256,7 +262,7 @@ class EngineRequest(BaseModel):
 # SGLang fields the embedded engine implements only at their neutral value.
 _NEUTRAL_FIELDS: dict[str, Any] = {
     "input_embeds": None, "lora_path": None, "session_params": None, "custom_logit_processor": None,
-    "token_ids_logprob": None, "return_hidden_states": False, "return_routed_experts": False, "background": False,
+    "token_ids_logprob": None, "return_hidden_states": False, "background": False,
     "use_audio_in_video": False, "video_config": None, "images_config": None, "return_entropy": False,
     "bootstrap_host": None, "bootstrap_port": None, "bootstrap_room": None, "bootstrap_pair_key": None,
     "positional_embed_overrides": None, "max_thinking_tokens": None, "return_sampling_mask": None,
@@ -285,6 +291,7 @@ class GenerateReqInput(BaseModel):
     logprob_start_len: int | list[int] | None = None
     top_logprobs_num: int | list[int] | None = None
     return_text_in_logprobs: bool = False
+    return_routed_experts: bool | list[bool] | None = None  # MoE models: meta_info.routed_experts (see trainer/routing.py)
     stream: bool = False
     rid: str | list[str] | None = None
 
@@ -317,7 +324,6 @@ class GenerateReqInput(BaseModel):
     custom_logit_processor: Any = None
     token_ids_logprob: Any = None
     return_hidden_states: Any = None
-    return_routed_experts: Any = None
     background: Any = None
     use_audio_in_video: Any = None
     video_config: Any = None
@@ -357,7 +363,7 @@ class GenerateReqInput(BaseModel):
         if n is not None and n == 0:
             raise ValueError("a batch request needs at least one prompt")
         count = n or 1
-        for name in ("return_logprob", "logprob_start_len", "top_logprobs_num", "rid"):
+        for name in ("return_logprob", "logprob_start_len", "top_logprobs_num", "rid", "return_routed_experts"):
             value = getattr(self, name)
             if isinstance(value, list) and (n is None or len(value) != n):
                 raise ValueError(f"{name}: a list needs one entry per request of a batch ({count}), got {len(value)}")
@@ -477,6 +483,7 @@ class GenerateReqInput(BaseModel):
                 sampling_params=sampling[i], return_logprob=bool(self._at("return_logprob", i)),
                 top_logprobs_num=int(self._at("top_logprobs_num", i) or 0),
                 return_text_in_logprobs=self.return_text_in_logprobs, index=i,
+                return_routed_experts=bool(self._at("return_routed_experts", i)),
             ))
         return out
 
@@ -514,6 +521,9 @@ class MetaInfo(BaseModel):
     output_top_logprobs: list[list[tuple[float | None, int, str | None]] | None] | None = None
     input_token_logprobs: list[Any] | None = None
     input_top_logprobs: list[Any] | None = None
+    # SGLang's return_routed_experts: base64 of (prompt + completion - 1, layers, top_k) ids, and their dtype
+    routed_experts: str | None = None
+    routed_experts_dtype: str | None = None
 
 
 class GenerateResponse(BaseModel):
@@ -529,7 +539,8 @@ class GenerateResponse(BaseModel):
         out = self.model_dump(mode="json", exclude_none=False)
         meta = out["meta_info"]
         meta["finish_reason"] = self.meta_info.finish_reason.to_json() if self.meta_info.finish_reason else None
-        for key in ("output_token_logprobs", "output_top_logprobs", "input_token_logprobs", "input_top_logprobs"):
+        for key in ("output_token_logprobs", "output_top_logprobs", "input_token_logprobs", "input_top_logprobs",
+                    "routed_experts", "routed_experts_dtype"):
             if meta.get(key) is None:
                 meta.pop(key, None)
         return out

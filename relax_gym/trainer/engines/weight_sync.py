@@ -12,9 +12,9 @@ per flattened call, so every tensor starts at a multiple of its element size and
 Backends: ``gloo`` (CPU tensors) and ``nccl`` (CUDA tensors; refused with a clear error where CUDA or NCCL is
 missing). The group is created from public torch classes (``TCPStore``, ``PrefixStore``, ``ProcessGroupGloo`` /
 ``ProcessGroupNCCL``) and used directly, without registering it as a default or ``new_group`` group, so a
-process can hold it next to its own default group. A trainer must build its end with :class:`WeightUpdateGroup`
-too: SGLang's own helper goes through torch-internal group helpers whose store key layout is not guaranteed to
-match.
+process can hold it next to its own default group. Its store keys follow the layout SGLang's end produces (its
+``init_custom_process_group`` over torch's ``_new_process_group_helper``, see :func:`group_store`), so the NCCL
+end meets a real SGLang server; a CPU test checks the layout against torch's helper with gloo.
 
 Trainer side, against an engine behind :mod:`~relax_gym.trainer.engines.http_server`::
 
@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 __all__ = [
     "BACKENDS", "FLATTENED_BUCKET", "WeightUpdateGroup", "check_backend", "dtype_from_name", "dtype_name",
-    "flatten_tensors", "init_weights_update_group_pair", "push_weights_distributed", "tensor_digest",
+    "flatten_tensors", "group_store", "init_weights_update_group_pair", "push_weights_distributed", "tensor_digest",
     "unflatten_tensors",
 ]
 
@@ -88,6 +88,13 @@ def check_backend(backend: str) -> None:
             raise RuntimeError("backend 'nccl' needs a torch build with NCCL; this one has none (use 'gloo')")
 
 
+def group_store(store: Any, group_name: str, device_type: str) -> Any:
+    """``store`` wrapped the way SGLang's end of a weight-update group wraps it, so both ends read and write the
+    same keys: SGLang's ``init_custom_process_group`` prefixes the rendezvous store with ``group_name``, then
+    torch's ``_new_process_group_helper`` adds ``"<group_name>/"`` and ``"<device type>/"`` (``cuda`` for NCCL)."""
+    return dist.PrefixStore(f"{device_type}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store)))
+
+
 class WeightUpdateGroup:
     """One end of a weight-update process group (see the module doc). ``rank`` 0 serves the store.
     ``backend="nccl"`` needs CUDA (``device``: the CUDA device this rank uses; the current one by default)."""
@@ -107,7 +114,7 @@ class WeightUpdateGroup:
         listen_fd = _loopback_listener(master_address, self.master_port) if rank == 0 and master_address in _LOOPBACK else None
         self._store = dist.TCPStore(master_address, self.master_port, world_size, is_master=(rank == 0),
                                     timeout=timeout, wait_for_workers=False, master_listen_fd=listen_fd)
-        prefix = dist.PrefixStore(f"{group_name}/", self._store)
+        prefix = group_store(self._store, group_name, "cuda" if backend == "nccl" else "cpu")
         if backend == "nccl":
             self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(self.device)

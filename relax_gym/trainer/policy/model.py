@@ -20,12 +20,15 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers import GenerationConfig, Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration, WhisperFeatureExtractor
 
+from relax_gym.trainer.policy.moe import MoEThinker, moe_thinker_config
 from relax_gym.trainer.policy.processor import OmniProcessor
 from relax_gym.trainer.policy.tokenizer import DEFAULT_VOCAB_SIZE, build_tokenizer
 
 __all__ = ["PolicyConfig", "build_policy", "mrope_sections", "save_policy", "thinker_config"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+THINKER_CLASSES = {"qwen2_5_omni": Qwen2_5OmniThinkerForConditionalGeneration, "qwen3_omni_moe": MoEThinker}
+CHECKPOINT_TYPES = {"qwen2_5_omni": "qwen2_5_omni_thinker", "qwen3_omni_moe": "qwen3_omni_moe_thinker"}
 
 
 class PolicyConfig(BaseModel):
@@ -33,7 +36,8 @@ class PolicyConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    family: Literal["qwen2_5_omni"] = "qwen2_5_omni"
+    # qwen2_5_omni: dense Qwen2.5-Omni thinker; qwen3_omni_moe: Qwen3-Omni MoE thinker (policy/moe.py, routing replay)
+    family: Literal["qwen2_5_omni", "qwen3_omni_moe"] = "qwen2_5_omni"
     path: str | None = None  # a checkpoint directory (thinker or full Qwen2.5-Omni) with its processor files
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0  # weight init seed (random thinker only)
@@ -65,6 +69,10 @@ class PolicyConfig(BaseModel):
     max_pixels: int = Field(default=128 * 128, gt=0)
     video_max_pixels: int = Field(default=64 * 64, gt=0)
     audio_chunk_seconds: int = Field(default=30, gt=0)  # features padded to this (Whisper/Qwen: 30 s)
+    # mixture of experts (family qwen3_omni_moe only): every decoder layer routes each token to top_k of num_experts
+    num_experts: int = Field(default=8, ge=2)
+    moe_top_k: int = Field(default=2, ge=1)
+    moe_intermediate_size: int = Field(default=64, gt=0)
 
     @model_validator(mode="after")
     def _shapes(self) -> PolicyConfig:
@@ -77,6 +85,8 @@ class PolicyConfig(BaseModel):
                 raise ValueError("the vision head dimension must be a multiple of 4 (axial 2-D rope)")
             if self.audio_d_model % self.audio_heads:
                 raise ValueError("audio_d_model must divide by audio_heads")
+        if self.moe_top_k > self.num_experts:
+            raise ValueError(f"moe_top_k ({self.moe_top_k}) must not exceed num_experts ({self.num_experts})")
         return self
 
     @property
@@ -170,6 +180,7 @@ def _generation_config(processor: OmniProcessor) -> GenerationConfig:
 
 def build_processor(cfg: PolicyConfig) -> OmniProcessor:
     tokenizer = build_tokenizer(cfg.vocab_size)
+    audio_rule = "qwen3_omni" if cfg.family == "qwen3_omni_moe" else "qwen2_5_omni"
     return OmniProcessor(
         tokenizer,
         patch_size=cfg.patch_size,
@@ -180,6 +191,7 @@ def build_processor(cfg: PolicyConfig) -> OmniProcessor:
         video_min_pixels=cfg.min_pixels,
         video_max_pixels=cfg.video_max_pixels,
         feature_extractor=WhisperFeatureExtractor(feature_size=128, chunk_length=cfg.audio_chunk_seconds),
+        audio_token_rule=audio_rule,
     )
 
 
@@ -189,10 +201,14 @@ def build_policy(cfg: PolicyConfig | None = None, **overrides: Any) -> tuple[Qwe
     if cfg.path is not None:
         return _load(cfg)
     processor = build_processor(cfg)
-    config = thinker_config(cfg, processor)
+    if cfg.family == "qwen3_omni_moe":
+        config = moe_thinker_config(cfg, processor, mrope_sections(cfg.hidden_size // cfg.num_heads))
+        _wire_token_ids(config, processor)
+    else:
+        config = thinker_config(cfg, processor)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        model = Qwen2_5OmniThinkerForConditionalGeneration(config)
+        model = THINKER_CLASSES[cfg.family](config)
     model.generation_config = _generation_config(processor)
     model.to(cfg.torch_dtype)
     model.eval()
@@ -207,14 +223,14 @@ def _load(cfg: PolicyConfig) -> tuple[Qwen2_5OmniThinkerForConditionalGeneration
     model_type = json.loads(config_file.read_text()).get("model_type")
     processor = OmniProcessor.from_pretrained(path)
     kwargs: dict[str, Any] = {"dtype": cfg.torch_dtype}
-    if model_type == "qwen2_5_omni":  # the full model: keep the thinker's weights only
+    if model_type == "qwen2_5_omni" and cfg.family == "qwen2_5_omni":  # the full model: keep the thinker's weights only
         from transformers import Qwen2_5OmniConfig
 
         kwargs["config"] = Qwen2_5OmniConfig.from_pretrained(str(path)).thinker_config
         kwargs["key_mapping"] = {r"^thinker\.": ""}
-    elif model_type != "qwen2_5_omni_thinker":
-        raise ValueError(f"{path} holds a {model_type!r} model; family 'qwen2_5_omni' loads qwen2_5_omni(_thinker) checkpoints")
-    model = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(str(path), **kwargs)
+    elif model_type != CHECKPOINT_TYPES[cfg.family]:
+        raise ValueError(f"{path} holds a {model_type!r} model; family {cfg.family!r} loads {CHECKPOINT_TYPES[cfg.family]!r} checkpoints")
+    model = THINKER_CLASSES[cfg.family].from_pretrained(str(path), **kwargs)
     if getattr(model.config, "vision_start_token_id", None) is None:
         _wire_token_ids(model.config, processor)
     if model.config.get_text_config().vocab_size < len(processor.tokenizer):

@@ -45,6 +45,7 @@ from transformers import AutoTokenizer, BatchFeature, PreTrainedTokenizerBase, W
 
 from relax_gym.omni.decode import DecodedAudio, DecodedVideo
 from relax_gym.omni.render import concat_media
+from relax_gym.trainer.policy.encode_cache import EncodeCache, array_key
 from relax_gym.trainer.policy.tokenizer import MEDIA_TOKENS
 
 __all__ = ["MEDIA_KEYS", "MediaEncoding", "OmniProcessor", "smart_resize"]
@@ -111,7 +112,11 @@ class OmniProcessor:
         feature_extractor: WhisperFeatureExtractor | None = None,
         default_video_fps: float = 2.0,
         chat_template: str | None = None,
+        audio_token_rule: str = "qwen2_5_omni",
     ) -> None:
+        if audio_token_rule not in AUDIO_TOKEN_RULES:
+            raise ValueError(f"unknown audio_token_rule {audio_token_rule!r}; choose one of {sorted(AUDIO_TOKEN_RULES)}")
+        self.audio_token_rule = audio_token_rule  # which audio tower's output length the placeholders follow
         self.tokenizer = tokenizer
         self.patch_size = int(patch_size)
         self.temporal_patch_size = int(temporal_patch_size)
@@ -136,6 +141,9 @@ class OmniProcessor:
         self.eos_token = str(tokenizer.eos_token)
         self.eos_token_id = int(tokenizer.eos_token_id)
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+        # the group's samples and the template's fixed pieces are encoded again and again: keep recent results
+        self.text_cache = EncodeCache(4096)
+        self.media_cache = EncodeCache(256)
 
     def with_chat_template(self, chat_template: str) -> OmniProcessor:
         """A shallow copy that renders with another chat template (same tokenizer and media settings)."""
@@ -173,7 +181,8 @@ class OmniProcessor:
         )
 
     def encode_text(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        ids = self.text_cache.get(text, lambda: tuple(self.tokenizer.encode(text, add_special_tokens=False)))
+        return list(ids)
 
     def decode(self, token_ids: Sequence[int], **kwargs: Any) -> str:
         return self.tokenizer.decode(list(token_ids), **kwargs)
@@ -196,6 +205,9 @@ class OmniProcessor:
         array = np.asarray(image.convert("RGB")) if isinstance(image, Image.Image) else np.asarray(image)
         if array.ndim != 3 or array.shape[-1] != 3 or array.dtype != np.uint8:
             raise ValueError(f"an image must be uint8 (H, W, 3), got {array.dtype} {array.shape}")
+        return self.media_cache.get(array_key(array, "image", self._media_settings()), lambda: self._encode_image(array))
+
+    def _encode_image(self, array: np.ndarray) -> MediaEncoding:
         frames = self._resize_normalise(array[None], self.min_pixels, self.max_pixels)
         frames = np.repeat(frames, self.temporal_patch_size, axis=0)  # an image is a still clip of tp frames
         patches, grid = self._patchify(frames)
@@ -214,6 +226,10 @@ class OmniProcessor:
         if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or frames.shape[0] == 0:
             raise ValueError(f"a video must be uint8 (T, H, W, 3) with T >= 1, got {frames.dtype} {frames.shape}")
         fps = float(fps or self.default_video_fps)
+        key = array_key(frames, "video", fps, self._media_settings())
+        return self.media_cache.get(key, lambda: self._encode_video(frames, fps))
+
+    def _encode_video(self, frames: np.ndarray, fps: float) -> MediaEncoding:
         pad = (-frames.shape[0]) % self.temporal_patch_size
         if pad:
             frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
@@ -237,17 +253,27 @@ class OmniProcessor:
                              "(decode it with AudioSampling(sample_rate=...))")
         if wave.ndim != 1 or not np.issubdtype(wave.dtype, np.floating):
             raise ValueError(f"audio must be a mono float waveform (N,), got {wave.dtype} {wave.shape}")
+        key = array_key(wave, "audio", sample_rate, self.audio_token_rule, fe.feature_size, fe.n_samples)
+        return self.media_cache.get(key, lambda: self._encode_audio(wave, sample_rate))
+
+    def _encode_audio(self, wave: np.ndarray, sample_rate: int) -> MediaEncoding:
+        fe = self.feature_extractor
         if len(wave) < MIN_AUDIO_SAMPLES:
             wave = np.pad(wave, (0, MIN_AUDIO_SAMPLES - len(wave)))
         out = fe(wave.astype(np.float32), sampling_rate=sample_rate, padding="max_length", truncation=True,
                  return_attention_mask=True, return_tensors="pt")
         mask = out["attention_mask"].to(torch.long)
         frames = int(mask.sum())
-        n = audio_token_count(frames)
+        n = AUDIO_TOKEN_RULES[self.audio_token_rule](frames)
         return MediaEncoding("audio", [self.audio_token_id] * n, {
             "input_features": out["input_features"].to(torch.float32),
             "feature_attention_mask": mask,
         })
+
+    def _media_settings(self) -> tuple:
+        """What an image / video encoding depends on besides the pixels (part of its cache key)."""
+        return (self.patch_size, self.temporal_patch_size, self.merge_size, self.min_pixels, self.max_pixels,
+                self.video_min_pixels, self.video_max_pixels, self.image_mean.tobytes(), self.image_std.tobytes())
 
     def _resize_normalise(self, frames: np.ndarray, min_pixels: int, max_pixels: int) -> np.ndarray:
         """uint8 (T, H, W, 3) → float32 (T, 3, h, w) resized by smart_resize, rescaled, normalised."""
@@ -349,6 +375,7 @@ class OmniProcessor:
             "n_fft": fe.n_fft,
             "padding_value": fe.padding_value,
             "return_attention_mask": True,
+            "audio_token_rule": self.audio_token_rule,
         }
 
     def save_pretrained(self, save_directory: str | Path) -> None:
@@ -395,6 +422,7 @@ class OmniProcessor:
             feature_extractor=fe,
             default_video_fps=cfg.get("default_video_fps", 2.0),
             chat_template=chat_template,
+            audio_token_rule=cfg.get("audio_token_rule", "qwen2_5_omni"),
         )
         kwargs.update(overrides)
         return cls(tokenizer, **kwargs)
@@ -404,6 +432,17 @@ def audio_token_count(frames: int) -> int:
     """Placeholder tokens for ``frames`` mel frames: the audio tower's ``_get_feat_extract_output_lengths``."""
     after_cnn = (frames - 1) // 2 + 1
     return (after_cnn - 2) // 2 + 1
+
+
+def qwen3_omni_audio_token_count(frames: int) -> int:
+    """Qwen3-Omni's audio tower (``_get_feat_extract_output_lengths``): 100-frame chunks give 13 tokens each, the
+    remainder goes through three stride-2 convolutions (1 s → 100 frames → 13 tokens)."""
+    rest = frames % 100
+    return ((((rest - 1) // 2 + 1) - 1) // 2 + 1 - 1) // 2 + 1 + (frames // 100) * 13
+
+
+#: Placeholder-count rule per audio tower, named in ``preprocessor_config.json`` (``audio_token_rule``).
+AUDIO_TOKEN_RULES = {"qwen2_5_omni": audio_token_count, "qwen3_omni": qwen3_omni_audio_token_count}
 
 
 def _fps_of(timestamps: np.ndarray) -> float | None:

@@ -1,4 +1,4 @@
-"""The actor role: the policy's trainer in the async engine (hf backend), one replica.
+"""The actor role: the policy's trainer in the async engine (``actor.backend``: hf or megatron), one replica.
 
 Per rollout step it streams the step's partition from the data bus in micro-batches of whole GRPO groups, as soon
 as the advantages role has finished them (and the reference role, when a KL term is on), and accumulates each
@@ -17,7 +17,6 @@ staleness of each, and how long the actor waited for data.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import random
 import time
@@ -29,13 +28,16 @@ import numpy as np
 import torch
 
 import relax_gym
-from relax_gym.trainer.actor_hf import HFActor
+from relax_gym.trainer.actor_factory import build_actor
+from relax_gym.trainer.checkpoint import TrainerState, capture_rng, data_cursor, load_checkpoint, restore_rng, save_checkpoint
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.demonstrations import warmup_batches
 from relax_gym.trainer.lr_schedule import lr_at, progress
 from relax_gym.trainer.policy import build_policy, save_policy
-from relax_gym.trainer.replica import setup_replica
-from relax_gym.trainer.samples import TRAIN_FIELDS, TrainItem, train_items
+from relax_gym.trainer.recovery import ReplacedActorError
+from relax_gym.trainer.replica import announce_replica, setup_replica
+from relax_gym.trainer.policy.moe import routing_dims
+from relax_gym.trainer.samples import ROUTING_FIELD, TRAIN_FIELDS, TrainItem, train_items
 from relax_gym.trainer.staleness import staleness, staleness_stats
 
 __all__ = ["ActorRole"]
@@ -50,7 +52,10 @@ class ActorRole:
 
     TASK = "actor"
 
-    def __init__(self, cfg: dict[str, Any], bus: Any, weights: Any, *, torch_threads: int | None = None) -> None:
+    def __init__(self, cfg: dict[str, Any], bus: Any, weights: Any, *, torch_threads: int | None = None,
+                 registry: Any = None, resume_from: str | None = None) -> None:
+        """``registry``: the run's replica registry (restart counts); ``resume_from``: a checkpoint folder to
+        continue from (model, optimizer, version; random states and clock are restored by :meth:`warmup`)."""
         setup_replica(torch_threads)
         self.cfg = RelaxConfig.model_validate(cfg)
         seed = self.cfg.trainer.seed
@@ -59,9 +64,7 @@ class ActorRole:
         torch.manual_seed(seed)
         self.model, self.processor = build_policy(self.cfg.model)
         self.model.train()
-        a = self.cfg.actor
-        self.actor = HFActor(self.model, self.processor, lr=a.lr, betas=a.betas, weight_decay=a.weight_decay,
-                             grad_clip=a.grad_clip, micro_batch_size=a.micro_batch_size)
+        self.actor = build_actor(self.cfg, self.model, self.processor)  # actor.backend: hf or megatron
         self.rng = np.random.default_rng(seed)
         self.version = 0
         self._bus_source = bus
@@ -71,7 +74,15 @@ class ActorRole:
         else:
             from relax_gym.trainer.weights import DCSPusher
 
-            self.weights = DCSPusher(weights, self.model)
+            self.weights = DCSPusher(weights, self.actor.hf_template, disk_dir=self.cfg.inference.sglang.disk_dir)
+        self._push_lock = asyncio.Lock()  # a catch-up push never overlaps a step's push
+        self._last_push: tuple[dict[str, torch.Tensor], int] | None = None  # what the engines serve
+        self._fatal: str | None = None
+        self.resumed: TrainerState | None = None
+        if resume_from is not None:
+            self.resumed = load_checkpoint(Path(resume_from), self.actor)
+            self.version = self.resumed.version
+        self._replacement = announce_replica(registry, "actor") > 1  # Serve restarted the actor in place
 
     def _ready(self) -> Any:
         if self._bus is None:
@@ -84,10 +95,15 @@ class ActorRole:
     async def warmup(self) -> dict[str, Any]:
         """The SFT warm-up on format demonstrations (as the colocate trainer runs it), then the first weight push.
         Answers the per-step SFT metrics and the policy version the engines now serve."""
+        self._refuse_if_replacement()
         t = self.cfg.trainer
         self._run_start = time.perf_counter()  # the learning-rate schedule's clock (see lr_schedule.progress)
         rows: list[dict[str, float]] = []
-        if t.sft_warmup_steps > 0:
+        if self.resumed is not None:  # no warm-up: the checkpoint's weights go to the engines under its version
+            restore_rng(self.resumed.rng, self.rng)
+            self._run_start -= self.resumed.elapsed_s
+            await self._push(bump=False)
+        elif t.sft_warmup_steps > 0:
             rows = await asyncio.to_thread(self._sft)
             await self._push()
         return {"rows": rows, "version": self.version}
@@ -108,16 +124,50 @@ class ActorRole:
 
     async def save_reference(self, directory: str) -> str:
         """Save the current (warmed-up) policy as the frozen reference for the KL term."""
-        frozen = copy.deepcopy(self.model).eval()
+        self._refuse_if_replacement()
+        frozen = self.actor.hf_model()
         await asyncio.to_thread(save_policy, frozen, self.processor, directory)
         return directory
 
-    async def _push(self) -> float:
+    async def _push(self, *, bump: bool = True) -> float:
         t0 = time.perf_counter()
-        self.version += 1
-        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        await self.weights.push(state, self.version)
+        async with self._push_lock:
+            version = self.version + 1 if bump else self.version
+            state = {k: v.detach().cpu().clone() for k, v in self.actor.state_dict().items()}  # HF names
+            try:
+                await self.weights.push(state, version)
+            except Exception as exc:
+                self._fatal = f"the push of weight version {version} failed: {type(exc).__name__}: {exc}"
+                raise
+            self.version = version
+            self._last_push = (state, version)
         return time.perf_counter() - t0
+
+    def _refuse_if_replacement(self) -> None:
+        if self._replacement:
+            raise ReplacedActorError("this actor replica replaced a dead one; its weights and optimizer are not the "
+                                     "run's (the controller restarts the run from its last checkpoint)")
+
+    async def catch_up(self, url: str) -> int:
+        """A replaced inference replica (engine at ``url``) asks for the weights the others serve: the last push
+        is sent again, to every engine and so to the new one, unless it holds that version already. Answers the
+        version it serves now."""
+        self._refuse_if_replacement()
+        async with self._push_lock:
+            if self._last_push is None:
+                return self.version  # nothing pushed yet: the first push reaches the new engine
+            state, version = self._last_push
+            if await asyncio.to_thread(_engine_version, url) == str(version):
+                return version
+            log.warning("engine %s joined behind weight version %d; pushing it again", url, version)
+            await self.weights.push(state, version)
+            return version
+
+    def check_health(self) -> None:
+        """Serve's health check: a failed weight push leaves engines paused or behind; the replica is then replaced
+        (and the controller restarts the run from its last checkpoint)."""
+        if self._fatal is not None:
+            raise RuntimeError(f"actor replica: {self._fatal}")
 
     # -- one RL step ---------------------------------------------------------------------------------------------
 
@@ -130,12 +180,14 @@ class ActorRole:
     async def train_step(self, partition: int, n_rows: int, group_size: int, *, max_staleness: int = 0,
                          with_reference: bool = False) -> dict[str, Any]:
         """Train on the ``n_rows`` rows of ``partition`` as they become ready; one optimiser step; push weights."""
+        self._refuse_if_replacement()
         bus = self._ready()
         algo, a, t = self.cfg.algorithm, self.cfg.actor, self.cfg.trainer
         elapsed = time.perf_counter() - getattr(self, "_run_start", time.perf_counter())
         self.actor.set_lr(lr_at(a.lr, a.lr_schedule, progress(partition, t.steps, elapsed, t.time_budget_s), a.min_lr_ratio))
         tis_cap = self._tis_cap(max_staleness)
         fields = list(TRAIN_FIELDS) + (["ref_logprobs"] if with_reference else [])
+        fields += [ROUTING_FIELD] if routing_dims(self.cfg.model) is not None else []
         trained_version = self.version  # the policy these gradients are taken at
         batch_size = max(1, self.cfg.actor.micro_batch_size // group_size) * group_size  # whole groups per micro-batch
         t_start = time.perf_counter()
@@ -206,17 +258,23 @@ class ActorRole:
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
-    async def checkpoint(self, step: int, run_dir: str) -> str:
-        """The colocate trainer's layout: ``checkpoints/step_NNNNNN/`` with the policy and ``trainer_state.pt``."""
-        out = Path(run_dir) / "checkpoints" / f"step_{step:06d}"
-
-        def save() -> None:
-            save_policy(self.model, self.processor, out)
-            torch.save({"optimizer": self.actor.optimizer.state_dict(), "step": step, "version": self.version,
-                        "rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state()}, out / "trainer_state.pt")
-
-        await asyncio.to_thread(save)
+    async def checkpoint(self, step: int, run_dir: str, extra: dict[str, Any] | None = None) -> str:
+        """The colocate trainer's layout (:mod:`~relax_gym.trainer.checkpoint`): ``checkpoints/step_NNNNNN/`` with
+        the model, the optimizer and the trainer state; ``extra``: what the controller adds (its ledger, the bus
+        cursor)."""
+        self._refuse_if_replacement()
+        elapsed = time.perf_counter() - getattr(self, "_run_start", time.perf_counter())
+        state = TrainerState(step=step, version=self.version, cursor=data_cursor(self.cfg.trainer, step),
+                             rng=capture_rng(self.rng), elapsed_s=elapsed, extra=dict(extra or {}))
+        out = await asyncio.to_thread(save_checkpoint, Path(run_dir), self.actor, state)
         return str(out)
 
     async def current_version(self) -> int:
         return self.version
+
+
+def _engine_version(url: str) -> str | None:
+    from relax_gym.trainer.engines.client import EngineClient
+
+    with EngineClient(url, timeout=10.0, retries=2) as client:
+        return client.get_weight_version()

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from relax_gym.trainer.algorithms import AlgorithmConfig, group_advantages, identical_reward_groups
+from relax_gym.trainer.replica import announce_replica
 
 __all__ = ["AdvantagesRole", "group_fields"]
 
@@ -49,10 +50,14 @@ class AdvantagesRole:
 
     TASK = "advantages"
 
-    def __init__(self, algorithm: dict[str, Any], bus: Any) -> None:
+    def __init__(self, algorithm: dict[str, Any], bus: Any, *, registry: Any = None) -> None:
         self.algo = AlgorithmConfig.model_validate(algorithm)
         self._bus_source = bus
         self._bus: Any = None
+        announce_replica(registry, "advantages")
+
+    def check_health(self) -> None:
+        """Serve's health check: the role is stateless, so answering at all (a responsive event loop) is the check."""
 
     def _ready(self) -> Any:
         if self._bus is None:

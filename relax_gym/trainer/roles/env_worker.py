@@ -10,6 +10,11 @@ The group is written with one ``put`` once all its episodes have ended: the adva
 and a group re-sent after a replica failure then never leaves half a group (or a duplicate) on the bus. A failed
 episode (env or engine error, or anything unexpected around it) is written masked (``trainable`` False, loss
 mask all 0) and reported in the call's answer; it never fails the call.
+
+Recovery: engine calls that hit a dying inference replica are resent (the client's retries cover
+``roles.replica_wait_s`` while Serve replaces it); a group re-sent by the controller after this replica died finds
+its rows on the bus when the first attempt's put had landed, and keeps them. An env that failed outside the episode
+runner is replaced by a fresh one; a replica that cannot make one is reported unhealthy (Serve replaces it).
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.engines.client import AsyncEngineClient
 from relax_gym.trainer.engines.coalesce import CoalescingClient
 from relax_gym.trainer.engines.handle_transport import ServeHandleTransport
-from relax_gym.trainer.replica import build_processor_only, setup_replica
+from relax_gym.trainer.policy.moe import routing_dims
+from relax_gym.trainer.databus_core import DuplicateRowError
+from relax_gym.trainer.fault_hooks import SandboxHangs
+from relax_gym.trainer.replica import announce_replica, build_processor_only, retries_within, setup_replica
 from relax_gym.trainer.rollout import Trajectory, run_episode
 from relax_gym.trainer.samples import parse_version, summary_of, trajectory_row
 
@@ -53,10 +61,11 @@ class EnvWorkerRole:
     object, for in-process use); ``engine``: the inference deployment's app name, or an engine client."""
 
     def __init__(self, cfg: dict[str, Any], bus: Any, engine: Any, *, pool_size: int = 32, eval_pool_size: int = 16,
-                 torch_threads: int | None = None) -> None:
+                 torch_threads: int | None = None, registry: Any = None) -> None:
         setup_replica(torch_threads)
         self.cfg = RelaxConfig.model_validate(cfg)
         self.processor = build_processor_only(self.cfg.model)
+        self.routing = routing_dims(self.cfg.model)  # MoE: record the routed experts of training episodes
         self._bus_source, self._engine_source = bus, engine
         self._bus: Any = None
         self._client: Any = None
@@ -66,6 +75,8 @@ class EnvWorkerRole:
         self._eval_envs = [relax_gym.make(env.id, **{**env.kwargs, **env.eval_kwargs}) for _ in range(eval_pool_size)]
         self._train_pool: asyncio.Queue | None = None
         self._eval_pool: asyncio.Queue | None = None
+        self._fatal: str | None = None
+        announce_replica(registry, "env_worker")
 
     # -- set-up inside the replica's event loop ------------------------------------------------------------
 
@@ -83,7 +94,8 @@ class EnvWorkerRole:
             from ray import serve
 
             handle = serve.get_app_handle(self._engine_source)
-            self._raw_client = AsyncEngineClient("http://inference.serve", transport=ServeHandleTransport(handle))
+            self._raw_client = AsyncEngineClient("http://inference.serve", transport=ServeHandleTransport(handle),
+                                                 retries=retries_within(self.cfg.roles.replica_wait_s))
             self._client = CoalescingClient(self._raw_client, max_batch=self.cfg.inference.max_batch)
         else:
             self._client = self._engine_source
@@ -100,13 +112,42 @@ class EnvWorkerRole:
         tap = VersionTap(self._client)
         try:
             traj = await run_episode(env, tap, self.processor, seed=seed, group_id=group, sampling_params=self._sampling(greedy),
-                                     max_turns=self.cfg.trainer.max_turns)
+                                     max_turns=self.cfg.trainer.max_turns, routing=None if greedy else self.routing)
         except Exception as exc:  # noqa: BLE001 - the runner masks env / engine errors; anything else is masked here
             log.exception("episode seed %d failed outside the runner", seed)
             traj = Trajectory(group_id=group, seed=seed, status="env_error", error=f"{type(exc).__name__}: {exc}")
+            env = self._fresh_env(env, greedy)
         finally:
             pool.put_nowait(env)
         return traj, tap.versions
+
+    def _fresh_env(self, broken: Any, greedy: bool) -> Any:
+        """A new env in place of one whose episode failed outside the runner (it may be in any state)."""
+        e = self.cfg.env
+        try:
+            fresh = relax_gym.make(e.id, **({**e.kwargs, **e.eval_kwargs} if greedy else e.kwargs))
+        except Exception as exc:  # noqa: BLE001 - reported through the health check
+            self._fatal = f"cannot make a new {e.id!r} env: {type(exc).__name__}: {exc}"
+            return broken
+        envs = self._eval_envs if greedy else self._train_envs
+        envs[envs.index(broken)] = fresh
+        try:
+            broken.close()
+        except Exception:  # noqa: BLE001 - it is being thrown away
+            pass
+        return fresh
+
+    def check_health(self) -> None:
+        """Serve's health check (the call itself is the heartbeat): unhealthy once an env could not be replaced."""
+        if self._fatal is not None:
+            raise RuntimeError(f"env worker replica: {self._fatal}")
+
+    async def arm_fault(self, kind: str, count: int) -> None:
+        """Fault injection (``faults:``): ``sandbox_hang`` makes this replica's next ``count`` sandbox commands hang
+        until their timeout."""
+        if kind != "sandbox_hang":
+            raise ValueError(f"the env worker injects sandbox_hang faults, not {kind!r}")
+        SandboxHangs.arm(count)
 
     async def run_group(self, partition: int, group: int, seeds: list[int], sample_ids: list[str]) -> list[dict[str, Any]]:
         """Play one prompt group (``seeds`` repeat the prompt's seed), put its rows on ``partition``, and answer
@@ -116,7 +157,11 @@ class EnvWorkerRole:
         self._ready()
         played = await asyncio.gather(*(self._episode(self._train_pool, s, group, False) for s in seeds))
         rows = [trajectory_row(traj, sid, versions) for (traj, versions), sid in zip(played, sample_ids)]
-        await self._bus.put(partition, rows)
+        try:
+            await self._bus.put(partition, rows)
+        except DuplicateRowError:  # a re-sent group whose first put landed before its replica died: those rows stay
+            log.warning("step partition %d group %d: already on the bus from an earlier attempt; keeping those rows",
+                        partition, group)
         return [asdict(summary_of(traj, sid, versions)) for (traj, versions), sid in zip(played, sample_ids)]
 
     async def evaluate(self, seeds: list[int]) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from typing import Any
 from relax_gym.trainer.actor_hf import HFActor
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.policy import build_policy
-from relax_gym.trainer.replica import setup_replica
+from relax_gym.trainer.replica import announce_replica, setup_replica
 from relax_gym.trainer.samples import TrainItem, as_list
 
 __all__ = ["ReferenceRole"]
@@ -31,7 +31,7 @@ FIELDS = ["tokens", "loss_mask", "mm_inputs", "trainable"]
 class ReferenceRole:
     TASK = "reference"
 
-    def __init__(self, cfg: dict[str, Any], bus: Any, *, torch_threads: int | None = None) -> None:
+    def __init__(self, cfg: dict[str, Any], bus: Any, *, torch_threads: int | None = None, registry: Any = None) -> None:
         setup_replica(torch_threads)
         self.cfg = RelaxConfig.model_validate(cfg)
         self._bus_source = bus
@@ -39,6 +39,11 @@ class ReferenceRole:
         self._loaded: str | None = None
         self._actor: HFActor | None = None
         self._lock = asyncio.Lock()
+        announce_replica(registry, "reference")
+
+    def check_health(self) -> None:
+        """Serve's health check: the policy is reloaded from disk by any new replica, so answering at all (a
+        responsive event loop, within roles.health_check_period_s) is the check."""
 
     def _ready(self) -> Any:
         if self._bus is None:

@@ -1,0 +1,96 @@
+"""The mixture-of-experts policy: a tiny Qwen3-Omni MoE *thinker* (text out; image, video and audio in).
+
+``PolicyConfig(family="qwen3_omni_moe")`` makes :func:`~relax_gym.trainer.policy.model.build_policy` build a
+``Qwen3OmniMoeThinkerForConditionalGeneration`` from the config below instead of the dense Qwen2.5-Omni thinker:
+the same tokenizer, processor and sizes (hidden size, heads, layers, the vision and audio towers), plus every text
+decoder layer a sparse MoE block whose router sends each token to ``moe_top_k`` of ``num_experts`` experts
+(softmax over the router logits, top-k, renormalised: ``norm_topk_prob``). The processor is ours unchanged except
+for the audio placeholder count, which follows Qwen3-Omni's audio tower (``audio_token_rule="qwen3_omni"``: 13
+tokens per second instead of 25). The vision tower is Qwen3-VL's (learned position embeddings interpolated to any
+grid, one "deepstack" level injected into the first decoder layer); it reads the processor's patch rows as they are.
+
+Routing is recorded and replayed through :mod:`~relax_gym.trainer.policy.routers`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import Qwen3OmniMoeThinkerConfig, Qwen3OmniMoeThinkerForConditionalGeneration
+
+__all__ = ["MoEThinker", "moe_thinker_config", "routing_dims"]
+
+#: The model class of family ``qwen3_omni_moe``.
+MoEThinker = Qwen3OmniMoeThinkerForConditionalGeneration
+
+
+def moe_thinker_config(cfg: Any, processor: Any, rope_sections: list[int]) -> Qwen3OmniMoeThinkerConfig:
+    """A tiny Qwen3-Omni MoE thinker config from a :class:`~relax_gym.trainer.policy.PolicyConfig` ``cfg``; the
+    vocabulary, pad and eos are the processor's tokenizer's, ``rope_sections`` the (t, h, w) split of the text rotary
+    frequencies. (The media token ids are wired by the caller, as for the dense thinker.)"""
+    tok = processor.tokenizer
+    head_dim = cfg.hidden_size // cfg.num_heads
+    grid_side = max(4, (cfg.max_pixels ** 0.5) // cfg.patch_size)  # learned vision positions: a square grid
+    return Qwen3OmniMoeThinkerConfig(
+        text_config=dict(
+            vocab_size=len(tok),
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            moe_intermediate_size=cfg.moe_intermediate_size,
+            num_experts=cfg.num_experts,
+            num_experts_per_tok=cfg.moe_top_k,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_kv_heads,
+            head_dim=head_dim,
+            max_position_embeddings=32768,
+            rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta, "mrope_section": rope_sections,
+                             "mrope_interleaved": True},
+            initializer_range=cfg.init_range,
+            tie_word_embeddings=cfg.tie_embeddings,
+            pad_token_id=processor.pad_token_id,
+            eos_token_id=processor.eos_token_id,
+            bos_token_id=None,
+        ),
+        vision_config=dict(
+            depth=cfg.vision_depth,
+            hidden_size=cfg.vision_embed,
+            intermediate_size=cfg.vision_intermediate,
+            num_heads=cfg.vision_heads,
+            patch_size=cfg.patch_size,
+            temporal_patch_size=cfg.temporal_patch_size,
+            spatial_merge_size=cfg.spatial_merge_size,
+            out_hidden_size=cfg.hidden_size,
+            num_position_embeddings=int(grid_side) ** 2,
+            deepstack_visual_indexes=[0],
+            initializer_range=cfg.init_range,
+        ),
+        audio_config=dict(
+            num_mel_bins=processor.feature_extractor.feature_size,
+            encoder_layers=cfg.audio_layers,
+            encoder_attention_heads=cfg.audio_heads,
+            encoder_ffn_dim=cfg.audio_ffn,
+            d_model=cfg.audio_d_model,
+            output_dim=cfg.hidden_size,
+            downsample_hidden_size=max(8, cfg.audio_d_model // 2),
+            initializer_range=cfg.init_range,
+        ),
+        initializer_range=cfg.init_range,
+        tie_word_embeddings=cfg.tie_embeddings,
+    )
+
+
+def routing_dims(cfg: Any) -> tuple[int, int] | None:
+    """``(MoE layers, experts per token)`` of the policy ``cfg`` describes (a ``PolicyConfig``), None for a dense one.
+    For a checkpoint (``cfg.path``) the sizes come from its config.json."""
+    if cfg.family != "qwen3_omni_moe":
+        return None
+    if cfg.path is None:
+        return int(cfg.num_layers), int(cfg.moe_top_k)
+    text = Qwen3OmniMoeThinkerConfig.from_pretrained(cfg.path).get_text_config()
+    sparse = [i for i in range(text.num_hidden_layers) if i not in (text.mlp_only_layers or [])
+              and text.num_experts > 0 and (i + 1) % text.decoder_sparse_step == 0]
+    return len(sparse), int(text.num_experts_per_tok)

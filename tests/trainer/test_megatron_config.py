@@ -1,0 +1,73 @@
+"""actor.backend=megatron in the config (parallel sizes, family) and megatron-core's process state: one clear error
+for what a CPU or a single process cannot run; set up by the first actor, torn down by the last close."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+from relax_gym.trainer.config import ConfigError, load_recipe
+from relax_gym.trainer.policy import build_policy
+from relax_gym.trainer.policy import megatron_runtime
+from relax_gym.trainer.policy.megatron import MegatronActor
+from relax_gym.trainer.policy.megatron_runtime import ParallelSizes
+
+
+def error_of(*overrides: str) -> str:
+    with pytest.raises((ConfigError, ValueError)) as info:
+        load_recipe(None, list(overrides))
+    return " ".join(str(info.value).split())
+
+
+def test_megatron_backend_with_unit_sizes_is_accepted():
+    cfg = load_recipe(None, ["actor.backend=megatron", "actor.tensor_parallel_size=1"])
+    assert cfg.actor.backend == "megatron" and cfg.actor.pipeline_parallel_size == cfg.actor.context_parallel_size == 1
+
+
+def test_parallel_sizes_above_one_are_refused_on_a_cpu():
+    message = error_of("actor.backend=megatron", "actor.tensor_parallel_size=2", "actor.context_parallel_size=2")
+    assert "actor.tensor_parallel_size=2, actor.context_parallel_size=2: on a CPU megatron-core runs with" in message
+
+
+def test_parallel_sizes_belong_to_the_megatron_backend():
+    assert "parallel sizes apply to actor.backend=megatron, not 'hf'" in error_of("actor.pipeline_parallel_size=2")
+
+
+def test_the_moe_family_has_no_megatron_conversion():
+    message = error_of("actor.backend=megatron", "model.family=qwen3_omni_moe")
+    assert "model.family='qwen3_omni_moe' has no Megatron conversion" in message
+
+
+def test_a_single_process_cannot_hold_a_tensor_parallel_group():
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match=r"needs 2 processes started by a launcher"):
+        megatron_runtime.acquire(ParallelSizes(tensor=2))
+    assert not dist.is_initialized() and megatron_runtime.active_users() == 0
+
+
+def test_the_first_actor_sets_megatron_core_up_and_the_last_close_tears_it_down():
+    assert not dist.is_initialized() and megatron_runtime.active_users() == 0
+    first = MegatronActor(*build_policy(), lr=1e-3)
+    second = MegatronActor(*build_policy(), lr=1e-3)
+    try:
+        assert dist.get_backend() == "gloo" and dist.get_world_size() == 1
+        assert parallel_state.get_tensor_model_parallel_world_size() == 1
+        assert megatron_runtime.active_users() == 2
+        first.close()
+        first.close()  # idempotent: still one user
+        assert megatron_runtime.active_users() == 1 and dist.is_initialized()
+    finally:
+        second.close()
+    assert megatron_runtime.active_users() == 0
+    assert not dist.is_initialized() and not parallel_state.model_parallel_is_initialized()
+
+
+def test_a_model_of_another_family_is_refused_before_anything_is_set_up():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    with pytest.raises(ValueError, match="converts Qwen2.5-Omni thinkers"):
+        MegatronActor(model, None, lr=1e-3)
+    assert not dist.is_initialized() and megatron_runtime.active_users() == 0
