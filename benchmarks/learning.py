@@ -52,8 +52,7 @@ def run(quick: bool = False, *, recipe: str = "recipes/cpu-nextqa.yaml", seeds: 
     for seed in seeds:
         run_dir = Path("runs") / (f"bench-learning-quick-seed{seed}" if quick else f"bench-learning-seed{seed}")
         cfg = load_recipe(recipe, [*overrides, f"trainer.seed={seed}", f"model.seed={seed}"])
-        if quick:
-            shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends: a rerun must not mix with the last
+        shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends: a rerun must not mix with the last
         trainer = ColocateTrainer(cfg, run_dir)
         try:
             s = trainer.run()

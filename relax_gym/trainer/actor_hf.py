@@ -15,12 +15,11 @@ recorded experts, their weights recomputed from this forward's router logits. Th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import contextlib
 
 import torch
 

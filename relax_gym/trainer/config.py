@@ -204,6 +204,9 @@ class RelaxConfig(_Section):
             if fault.kind == "kill" and fault.role == "reference" and no_reference:
                 raise ValueError(f"faults.inject[{i}] kills the reference role, which an async run deploys only "
                                  "when algorithm.kl_coef > 0")
+            if fault.kind == "engine_error" and self.inference.engine != "embedded":
+                raise ValueError(f"faults.inject[{i}] (engine_error) arms the embedded engine; inference.engine is "
+                                 f"{self.inference.engine!r}")
         if self.trainer.mode == "async" and self.algorithm.name == "sft":
             raise ValueError("trainer.mode=async runs RL algorithms; algorithm.name=sft has no rollouts to pipeline")
         return self

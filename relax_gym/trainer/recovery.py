@@ -110,7 +110,7 @@ class Supervisor:
             try:
                 return await make()
             except Exception as exc:
-                if isinstance(exc, ReplacedActorError):
+                if isinstance(exc, ReplacedActorError) or isinstance(getattr(exc, "cause", None), ReplacedActorError):
                     raise GlobalRestart(f"{what} reached a replacement actor replica: {exc}") from exc
                 if not is_replica_failure(exc):
                     raise
@@ -118,7 +118,7 @@ class Supervisor:
                 if role == "actor":
                     raise GlobalRestart(f"the actor replica died during {what}: {type(exc).__name__}") from exc
                 if time.monotonic() + delay > deadline:
-                    raise GlobalRestart(f"{what}: the {role} role stayed unreachable for {self.wait_s:.0f} s "
+                    raise GlobalRestart(f"{what}: the {role} role stayed unreachable for {self.wait_s:g} s "
                                         f"(roles.replica_wait_s): {type(exc).__name__}: {exc}") from exc
                 log.warning("%s: a %s replica died (%s); retrying once it is replaced", what, role, type(exc).__name__)
                 await asyncio.sleep(delay)

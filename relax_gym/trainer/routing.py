@@ -108,11 +108,13 @@ class RoutingCounts:
     def add(self, recorded: torch.Tensor, natural: Sequence[torch.Tensor], used: Sequence[torch.Tensor],
             valid: torch.Tensor) -> None:
         """``recorded`` (B, T, L, K); ``natural`` / ``used``: per layer (B, T, K); ``valid`` (B, T) bool: positions
-        with a record that count (real tokens)."""
-        has = valid & (recorded >= 0).all(dim=-1).all(dim=-1)
+        with a record that count (real tokens). Counted on the CPU: a GPU forward's traces and mask meet the
+        (CPU) record here."""
+        recorded = recorded.cpu()
+        has = valid.cpu() & (recorded >= 0).all(dim=-1).all(dim=-1)
         rec = recorded[has].long()  # (N, L, K)
-        nat = torch.stack([n[has] for n in natural], dim=1)
-        use = torch.stack([u[has] for u in used], dim=1)
+        nat = torch.stack([n.cpu()[has] for n in natural], dim=1)
+        use = torch.stack([u.cpu()[has] for u in used], dim=1)
         miss, miss_used = mismatch_counts(rec, nat), mismatch_counts(rec, use)
         self.mismatched = miss if self.mismatched is None else self.mismatched + miss
         self.replayed_mismatched = miss_used if self.replayed_mismatched is None else self.replayed_mismatched + miss_used

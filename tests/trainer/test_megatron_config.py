@@ -71,3 +71,15 @@ def test_a_model_of_another_family_is_refused_before_anything_is_set_up():
     with pytest.raises(ValueError, match="converts Qwen2.5-Omni thinkers"):
         MegatronActor(model, None, lr=1e-3)
     assert not dist.is_initialized() and megatron_runtime.active_users() == 0
+
+
+def test_a_failed_set_up_tears_down_the_process_group_it_made(monkeypatch):
+    """The default group is made, then the model-parallel groups fail: the group is not left behind."""
+    def fail(**kwargs):
+        raise RuntimeError("no model-parallel groups today")
+
+    monkeypatch.setattr(parallel_state, "initialize_model_parallel", fail)
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="no model-parallel groups today"):
+        megatron_runtime.acquire()
+    assert not dist.is_initialized() and megatron_runtime.active_users() == 0

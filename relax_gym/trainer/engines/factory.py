@@ -12,7 +12,8 @@
   on ``inference.host``; pushes are ``/update_weights_from_tensor`` (same process, safetensors payload).
 - ``sglang``: ``python -m sglang.launch_server`` for ``inference.sglang.model_path`` (default ``model.path``), see
   :mod:`~relax_gym.trainer.engines.sglang`; ``build`` is never called. Pushes go through the DCS with
-  ``inference.sglang.weight_sync`` (``nccl``, falling back to ``disk``; or ``disk``).
+  ``inference.sglang.weight_sync`` (``nccl``, falling back to ``disk``; or ``disk``). For an MoE policy
+  (``model.family: qwen3_omni_moe``) the server is launched with ``--enable-return-routed-experts``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ __all__ = ["EmbeddedHost", "EngineHost", "SGLangHost", "push_transport", "sglang
            "weight_transport"]
 
 Build = Callable[[], tuple[Any, Any]]
+# SGLang records routed experts only when launched with this flag (the rollouts of an MoE policy ask for them)
+ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
 
 
 class EngineHost(Protocol):
@@ -108,7 +111,11 @@ class EmbeddedHost:
         from relax_gym.trainer.engines.http_server import serve
 
         self.engine = EmbeddedEngine(model, processor, max_batch=inference.max_batch)
-        self.server = serve(self.engine, host=inference.host, port=0)
+        try:
+            self.server = serve(self.engine, host=inference.host, port=0)
+        except BaseException:
+            self.engine.close()  # its scheduler thread, and a model the caller no longer holds
+            raise
         self.url = self.server.url
         self._sync: EngineClient | None = None
         self._lock = threading.Lock()
@@ -135,10 +142,14 @@ class EmbeddedHost:
         return self._sync.update_weights_from_tensor(state_dict, weight_version=str(version))
 
     def close(self) -> None:
-        if self._sync is not None:
-            self._sync.close()
-        self.server.close()
-        self.engine.close()
+        try:
+            if self._sync is not None:
+                self._sync.close()
+        finally:
+            try:
+                self.server.close()
+            finally:
+                self.engine.close()
 
 
 class SGLangHost:
@@ -172,8 +183,11 @@ class SGLangHost:
             import os
 
             log_path = Path(log_dir) / f"sglang-{os.getpid()}.log"
+        extra_args = list(s.extra_args)
+        if policy.family == "qwen3_omni_moe" and ROUTED_EXPERTS_FLAG not in extra_args:
+            extra_args.append(ROUTED_EXPERTS_FLAG)  # MoE rollouts ask every request for its routed experts
         server = launch_sglang(path, host=inference.host, port=s.port, tp_size=s.tp_size,
-                               mem_fraction_static=s.mem_fraction_static, extra_args=s.extra_args, python=s.python,
+                               mem_fraction_static=s.mem_fraction_static, extra_args=extra_args, python=s.python,
                                startup_timeout_s=s.startup_timeout_s, log_path=log_path)
         return cls(server, tokens, inference, names)
 

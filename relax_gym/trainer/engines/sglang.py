@@ -43,7 +43,6 @@ import sys
 import tempfile
 import threading
 import time
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,30 +154,33 @@ class SGLangServer:
 
 def _stop_group(process: subprocess.Popen, grace_s: float) -> None:
     """SIGTERM the child's process group (the server and the scheduler / detokenizer workers it forks), then
-    SIGKILL whatever is left after ``grace_s``."""
-    try:
-        pgid = os.getpgid(process.pid)
-    except ProcessLookupError:
-        pgid = None
+    SIGKILL whatever is left after ``grace_s``.
+
+    The group id is the child's pid (it was started with ``start_new_session``), not ``os.getpgid``: once the
+    leader has exited and been reaped (``poll()`` in ``alive`` / during start-up), ``getpgid`` fails, yet its
+    workers may still hold the GPU in that group."""
+    pgid = process.pid
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        if pgid is not None:
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                pass
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):  # the whole group is gone
+            pass
         try:
             process.wait(wait_s)
-            if pgid is not None and sig == signal.SIGTERM:
+            if sig == signal.SIGTERM:
                 try:  # the leader is gone; reap stragglers of its group too
                     os.killpg(pgid, signal.SIGKILL)
-                except ProcessLookupError:
+                except (ProcessLookupError, PermissionError):
                     pass
             return
         except subprocess.TimeoutExpired:
             continue
+    logger.warning("the SGLang server's process group %d did not exit after SIGKILL", pgid)
 
 
-_LIVE: weakref.WeakSet[SGLangServer] = weakref.WeakSet()
+# strong references: a server dropped without close() must still be reached by the exit hook (its process group
+# would otherwise outlive the trainer, holding GPU memory)
+_LIVE: set[SGLangServer] = set()
 
 
 @atexit.register
@@ -396,7 +398,9 @@ class SGLangTransport(httpx.AsyncBaseTransport):
 
     def __init__(self, tokens: MediaTokens, inner: httpx.AsyncBaseTransport | None = None) -> None:
         self.tokens = tokens
-        self.inner = inner or httpx.AsyncHTTPTransport()
+        # an httpx client ignores its own ``limits`` once given a transport: the pool is sized here, as the engine
+        # client sizes its own (httpx's default of 100 connections would queue a large rollout's requests)
+        self.inner = inner or httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         raw = await request.aread()

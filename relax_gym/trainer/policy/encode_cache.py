@@ -33,11 +33,21 @@ def array_key(array: np.ndarray, *extra: Hashable) -> tuple:
 
 
 class EncodeCache:
-    def __init__(self, maxsize: int = 512) -> None:
+    """At most ``maxsize`` entries and, with ``max_bytes``, at most that many bytes as ``weigh(value)`` counts them
+    (a real model's video encodings are tens of MB each: an entry count alone does not bound the memory)."""
+
+    def __init__(self, maxsize: int = 512, *, max_bytes: int | None = None,
+                 weigh: Callable[[Any], int] | None = None) -> None:
         if maxsize < 0:
             raise ValueError(f"maxsize must be >= 0, got {maxsize}")
+        if max_bytes is not None and (max_bytes < 0 or weigh is None):
+            raise ValueError(f"max_bytes needs a weigh function and must be >= 0, got {max_bytes}")
         self.maxsize = maxsize
+        self.max_bytes = max_bytes
+        self._weigh = weigh
         self._items: OrderedDict[Hashable, Any] = OrderedDict()
+        self._sizes: dict[Hashable, int] = {}
+        self.nbytes = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -54,22 +64,31 @@ class EncodeCache:
                 return self._items[key]
             self.misses += 1
         value = compute()
+        size = int(self._weigh(value)) if self.max_bytes is not None else 0
+        if self.max_bytes is not None and size > self.max_bytes:
+            return value  # larger than the whole budget: not kept
         with self._lock:
+            self.nbytes -= self._sizes.pop(key, 0)
             self._items[key] = value
             self._items.move_to_end(key)
-            while len(self._items) > self.maxsize:
-                self._items.popitem(last=False)
+            self._sizes[key] = size
+            self.nbytes += size
+            while len(self._items) > self.maxsize or (self.max_bytes is not None and self.nbytes > self.max_bytes):
+                old, _ = self._items.popitem(last=False)
+                self.nbytes -= self._sizes.pop(old, 0)
         return value
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._sizes.clear()
+            self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self._items)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"maxsize": self.maxsize}
+        return {"maxsize": self.maxsize, "max_bytes": self.max_bytes, "weigh": self._weigh}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["maxsize"])
+        self.__init__(state["maxsize"], max_bytes=state.get("max_bytes"), weigh=state.get("weigh"))

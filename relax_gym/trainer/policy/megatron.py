@@ -20,7 +20,6 @@ anything above 1 is refused with one clear error (:mod:`~relax_gym.trainer.polic
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,6 @@ from relax_gym.trainer.policy.megatron_model import gpt_of, hf_state_dict, load_
 from relax_gym.trainer.policy.megatron_runtime import ParallelSizes
 
 __all__ = ["CHECKPOINT_DIR", "MegatronActor"]
-
-log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "megatron"  # the dist_checkpointing folder inside a checkpoint directory
 

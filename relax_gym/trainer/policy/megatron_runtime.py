@@ -63,69 +63,84 @@ def _gloo_on_loopback() -> Iterator[None]:
 
 
 def acquire(sizes: ParallelSizes = ParallelSizes(), *, seed: int = 0) -> torch.device:
-    """Make sure megatron-core's parallel state exists with ``sizes``; returns the device models go on."""
+    """Make sure megatron-core's parallel state exists with ``sizes``; returns the device models go on. A failed
+    call leaves nothing of its own behind (with no other user, what it set up is torn down again)."""
+    with _LOCK:
+        try:
+            return _acquire_locked(sizes, seed)
+        except BaseException:
+            if _USERS == 0:
+                _teardown_locked()
+            raise
+
+
+def _acquire_locked(sizes: ParallelSizes, seed: int) -> torch.device:
     global _USERS, _OWN_GROUP, _OWN_MODEL_PARALLEL
     import torch.distributed as dist
     from megatron.core import parallel_state
 
     cuda = torch.cuda.is_available()
-    with _LOCK:
-        if not cuda:
-            apply_cpu_patch()
-        if not dist.is_initialized():
-            if sizes.world != 1:
-                raise ValueError(
-                    f"tensor x pipeline x context parallel = {sizes.tensor} x {sizes.pipeline} x {sizes.context} needs "
-                    f"{sizes.world} processes started by a launcher (torchrun); this trainer runs its actor in one process")
-            if cuda:
-                torch.cuda.set_device(0)
-            with _gloo_on_loopback():
-                dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
-            _OWN_GROUP = True
-        elif dist.get_world_size() % sizes.world:
-            raise ValueError(f"world size {dist.get_world_size()} is not a multiple of tensor x pipeline x context "
-                             f"parallel = {sizes.world}")
-        if not parallel_state.model_parallel_is_initialized():
-            with _gloo_on_loopback():
-                parallel_state.initialize_model_parallel(
-                    tensor_model_parallel_size=sizes.tensor, pipeline_model_parallel_size=sizes.pipeline,
-                    context_parallel_size=sizes.context)
-            _OWN_MODEL_PARALLEL = True
-        else:
-            have = ParallelSizes(parallel_state.get_tensor_model_parallel_world_size(),
-                                 parallel_state.get_pipeline_model_parallel_world_size(),
-                                 parallel_state.get_context_parallel_world_size())
-            if have != sizes:
-                raise ValueError(f"megatron-core is already set up in this process with {have}, not {sizes}")
+    if not cuda:
+        apply_cpu_patch()
+    if not dist.is_initialized():
+        if sizes.world != 1:
+            raise ValueError(
+                f"tensor x pipeline x context parallel = {sizes.tensor} x {sizes.pipeline} x {sizes.context} needs "
+                f"{sizes.world} processes started by a launcher (torchrun); this trainer runs its actor in one process")
         if cuda:
-            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+            torch.cuda.set_device(0)
+        with _gloo_on_loopback():
+            dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+        _OWN_GROUP = True
+    elif dist.get_world_size() % sizes.world:
+        raise ValueError(f"world size {dist.get_world_size()} is not a multiple of tensor x pipeline x context "
+                         f"parallel = {sizes.world}")
+    if not parallel_state.model_parallel_is_initialized():
+        with _gloo_on_loopback():
+            parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=sizes.tensor, pipeline_model_parallel_size=sizes.pipeline,
+                context_parallel_size=sizes.context)
+        _OWN_MODEL_PARALLEL = True
+    else:
+        have = ParallelSizes(parallel_state.get_tensor_model_parallel_world_size(),
+                             parallel_state.get_pipeline_model_parallel_world_size(),
+                             parallel_state.get_context_parallel_world_size())
+        if have != sizes:
+            raise ValueError(f"megatron-core is already set up in this process with {have}, not {sizes}")
+    if cuda:
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-            model_parallel_cuda_manual_seed(seed)
-        else:
-            init_rng_tracker()
-        _USERS += 1
-        return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        model_parallel_cuda_manual_seed(seed)
+    else:
+        init_rng_tracker()
+    _USERS += 1
+    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
 
 def release() -> None:
     """One user fewer; the last one tears down what :func:`acquire` set up. Call it once per :func:`acquire`
     (``MegatronActor.close`` does, and may itself be called again)."""
-    global _USERS, _OWN_GROUP, _OWN_MODEL_PARALLEL
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
+    global _USERS
     with _LOCK:
         if _USERS == 0:
             return
         _USERS -= 1
-        if _USERS:
-            return
-        if _OWN_MODEL_PARALLEL:
-            parallel_state.destroy_model_parallel()
-            _OWN_MODEL_PARALLEL = False
-        if _OWN_GROUP and dist.is_initialized():
-            dist.destroy_process_group()
-            _OWN_GROUP = False
+        if _USERS == 0:
+            _teardown_locked()
+
+
+def _teardown_locked() -> None:
+    """Tear down what this module set up itself (a launcher's process group is left alone); under ``_LOCK``."""
+    global _OWN_GROUP, _OWN_MODEL_PARALLEL
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if _OWN_MODEL_PARALLEL:
+        parallel_state.destroy_model_parallel()
+        _OWN_MODEL_PARALLEL = False
+    if _OWN_GROUP and dist.is_initialized():
+        dist.destroy_process_group()
+    _OWN_GROUP = False
 
 
 def active_users() -> int:

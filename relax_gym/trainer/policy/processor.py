@@ -143,7 +143,7 @@ class OmniProcessor:
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
         # the group's samples and the template's fixed pieces are encoded again and again: keep recent results
         self.text_cache = EncodeCache(4096)
-        self.media_cache = EncodeCache(256)
+        self.media_cache = EncodeCache(256, max_bytes=MEDIA_CACHE_BYTES, weigh=_encoding_bytes)
 
     def with_chat_template(self, chat_template: str) -> OmniProcessor:
         """A shallow copy that renders with another chat template (same tokenizer and media settings)."""
@@ -439,6 +439,14 @@ def qwen3_omni_audio_token_count(frames: int) -> int:
     remainder goes through three stride-2 convolutions (1 s → 100 frames → 13 tokens)."""
     rest = frames % 100
     return ((((rest - 1) // 2 + 1) - 1) // 2 + 1 - 1) // 2 + 1 + (frames // 100) * 13
+
+
+#: The media encode cache's memory budget per processor (every role process holds one processor).
+MEDIA_CACHE_BYTES = 512 * 2**20
+
+
+def _encoding_bytes(encoding: MediaEncoding) -> int:
+    return sum(t.numel() * t.element_size() for t in encoding.tensors.values())
 
 
 #: Placeholder-count rule per audio tower, named in ``preprocessor_config.json`` (``audio_token_rule``).

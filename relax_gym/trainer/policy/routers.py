@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["RoutingRecorder", "RoutingTrace", "is_moe", "moe_routers", "replay_routing", "routing_shape"]
+__all__ = ["RoutingRecorder", "RoutingTrace", "moe_routers", "replay_routing", "routing_shape"]
 
 
 def moe_routers(model: nn.Module) -> list[nn.Module]:
@@ -39,10 +39,6 @@ def moe_routers(model: nn.Module) -> list[nn.Module]:
         if gate is not None and all(hasattr(gate, a) for a in ("top_k", "num_experts", "weight")):
             routers.append(gate)
     return routers
-
-
-def is_moe(model: nn.Module) -> bool:
-    return bool(moe_routers(model))
 
 
 def routing_shape(model: nn.Module) -> tuple[int, int]:
@@ -117,7 +113,7 @@ def _forced_forward(router: nn.Module, recorded: torch.Tensor | None, trace: Rou
         probs = torch.softmax(logits, dim=-1, dtype=torch.float)
         natural = torch.topk(probs, router.top_k, dim=-1).indices
         if recorded is None:
-            experts, forced = natural, torch.zeros(natural.shape[0], dtype=torch.bool)
+            experts, forced = natural, torch.zeros(natural.shape[0], dtype=torch.bool, device=natural.device)
         else:
             forced = (recorded >= 0).all(dim=-1)
             experts = torch.where(forced.unsqueeze(-1), recorded.clamp_min(0), natural)

@@ -228,6 +228,22 @@ def test_launcher_times_out_a_server_that_never_serves_and_kills_its_group(tmp_p
     assert not [pid for pid in started if _running(pid)]  # the leader and its worker
 
 
+def test_a_server_whose_leader_exits_during_startup_leaves_no_worker_behind(tmp_path):
+    """The leader exits (and is reaped by the start-up poll) while a worker of its group still runs: close() must
+    still kill the group, found by the leader's pid (os.getpgid of a reaped pid fails)."""
+    pids = tmp_path / "pids"
+    crash = tmp_path / "crashes"
+    crash.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pids}\nexit 3\n")
+    crash.chmod(0o755)
+    with pytest.raises(SGLangLaunchError, match="exited with code 3 during start-up"):
+        launch_sglang("/m", python=str(crash), startup_timeout_s=30)
+    (worker,) = [int(x) for x in pids.read_text().split()]
+    deadline = time.monotonic() + 10
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(worker)
+
+
 def _running(pid: int) -> bool:
     """Alive and not a zombie waiting to be reaped."""
     try:
@@ -259,6 +275,29 @@ def test_sglang_host_pushes_weights_to_the_standin_and_falls_back_to_disk_withou
     finally:
         host.close()
     assert not host.server.alive
+
+
+@pytest.mark.parametrize("family, expected", [("qwen2_5_omni", []), ("qwen3_omni_moe", ["--enable-return-routed-experts"])])
+def test_an_moe_policy_launches_sglang_recording_routed_experts(checkpoint, monkeypatch, family, expected):
+    """MoE rollouts ask every request for its routed experts: SGLang answers them only with the server flag."""
+    from relax_gym.trainer.engines import sglang as sglang_module
+
+    path, _, _ = checkpoint
+    seen = {}
+
+    class Server:
+        url = "http://127.0.0.1:1"
+
+    def fake_launch(model_path, **kwargs):
+        seen.update(kwargs)
+        return Server()
+
+    monkeypatch.setattr(sglang_module, "launch_sglang", fake_launch)
+    inference = InferenceSection.model_validate({"engine": "sglang", "sglang": {"model_path": str(path),
+                                                                               "extra_args": ["--log-level", "info"]}})
+    host = SGLangHost.launch(inference, PolicyConfig(family=family))
+    host.proxy.close()
+    assert seen["extra_args"] == ["--log-level", "info", *expected]
 
 
 def test_inference_role_serves_generate_through_the_standin_sglang_server(standin_path, checkpoint):

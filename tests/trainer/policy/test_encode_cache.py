@@ -29,6 +29,25 @@ def test_lru_evicts_the_least_recent_and_counts():
     assert (cache.hits, cache.misses, len(cache)) == (1, 4, 2)
 
 
+def test_a_byte_budget_evicts_by_size_and_skips_what_cannot_fit():
+    cache = EncodeCache(100, max_bytes=10, weigh=len)
+    for key in ("a", "b", "c"):
+        cache.get(key, lambda k=key: k * 4)  # 4 bytes each: the third pushes the first out
+    assert (len(cache), cache.nbytes) == (2, 8)
+    assert cache.get("a", lambda: "A" * 4) == "AAAA" and cache.misses == 4  # "a" was evicted
+    assert cache.get("big", lambda: "x" * 11) == "x" * 11 and cache.nbytes <= 10 and "big" not in cache._items
+    with pytest.raises(ValueError, match="weigh"):
+        EncodeCache(4, max_bytes=10)
+
+
+def test_the_processor_bounds_its_media_cache_in_bytes(processor):
+    assert processor.media_cache.max_bytes is not None
+    enc = processor.encode_image(np.zeros((32, 32, 3), np.uint8))
+    assert processor.media_cache.nbytes >= sum(t.numel() * t.element_size() for t in enc.tensors.values())
+    restored = pickle.loads(pickle.dumps(processor))
+    assert restored.media_cache.max_bytes == processor.media_cache.max_bytes and len(restored.media_cache) == 0
+
+
 def test_a_failed_compute_is_not_cached():
     cache = EncodeCache(4)
 
