@@ -29,6 +29,7 @@ DRY_RUN=0
 WHEELHOUSE=""
 OUT_DIR="${OUT:-$REPO/runs/gpu-check}"
 STEPS=10
+STEPS_GIVEN=0
 BUDGET_S=450  # the whole script, install included; every check gets what is left, up to its own cap
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -37,15 +38,16 @@ while [ $# -gt 0 ]; do
     --dry-run) DRY_RUN=1 ;;
     --wheelhouse) WHEELHOUSE="${2:?--wheelhouse needs a directory}"; shift ;;
     --out) OUT_DIR="${2:?--out needs a directory}"; shift ;;
-    --steps) STEPS="${2:?--steps needs a number}"; shift ;;
+    --steps) STEPS="${2:?--steps needs a number}"; STEPS_GIVEN=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
   shift
 done
-case "$STEPS" in ''|*[!0-9]*) echo "gpu_check.sh: --steps must be a positive integer, got '$STEPS'" >&2; exit 2 ;; esac
+case "$STEPS" in ''|*[!0-9]*|0|0*) echo "gpu_check.sh: --steps must be a positive integer, got '$STEPS'" >&2; exit 2 ;; esac
 
-if [ "$DRY_RUN" = 1 ]; then DEVICE=cpu; [ "$STEPS" = 10 ] && STEPS=2; else DEVICE=cuda; fi
+# a dry run defaults to 2 steps (CPU); an explicit --steps is kept
+if [ "$DRY_RUN" = 1 ]; then DEVICE=cpu; [ "$STEPS_GIVEN" = 0 ] && STEPS=2; else DEVICE=cuda; fi
 if [ "$DRY_RUN" = 0 ] && [ -z "$WHEELHOUSE" ]; then WHEELHOUSE="$REPO/wheelhouse"; fi
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"

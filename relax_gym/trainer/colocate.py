@@ -255,6 +255,10 @@ class ColocateTrainer:
         return save_checkpoint(self.run_dir, self.actor, state)
 
     def close(self) -> None:
-        self.metrics.close()
-        self.actor.close()
-        self.engine_host.close()
+        try:
+            self.metrics.close()
+        finally:
+            try:
+                self.actor.close()
+            finally:
+                self.engine_host.close()  # a launched SGLang server must go even if the others fail

@@ -155,7 +155,7 @@ class RolesSection(_Section):
     @model_validator(mode="after")
     def _one_actor(self) -> RolesSection:
         if self.actor.replicas != 1:
-            raise ValueError(f"roles.actor.replicas must be 1: the hf actor trains in one process (got {self.actor.replicas})")
+            raise ValueError(f"roles.actor.replicas must be 1: the actor (hf or megatron) trains in one process (got {self.actor.replicas})")
         return self
 
 

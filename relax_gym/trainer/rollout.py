@@ -87,7 +87,13 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
             out = await client.generate(rendered.input_ids, sampling_params=sampling_params, return_logprob=True,
                                         **extra, **media_data(conversation))
             if routing is not None:
-                traj.routed_experts = merge_turn(traj.routed_experts, decode_routed_experts(out.meta_info, *routing))
+                turn = decode_routed_experts(out.meta_info, *routing)
+                forwarded = len(rendered.input_ids) + len(out.output_ids) - 1  # the prompt, all generated but the last
+                if out.output_ids and turn.shape[0] != forwarded:
+                    raise ValueError(f"routed_experts covers {turn.shape[0]} positions, but the request forwarded {forwarded} "
+                                     f"({len(rendered.input_ids)} prompt + {len(out.output_ids)} generated - 1): the server "
+                                     "counts the prompt differently (media placeholders?), so the record cannot be aligned")
+                traj.routed_experts = merge_turn(traj.routed_experts, turn)
         except Exception as exc:
             return _failed(traj, "engine_error", exc, rendered, logprobs)
         traj.turns += 1

@@ -845,8 +845,8 @@ class EmbeddedEngine:
         greedy = sp.greedy
         temperature = 1.0 if greedy else sp.temperature
         wants_routing = any(p.req.return_routed_experts for p in active)
-        # identical prompts (a GRPO group) are prefilled once; routing records are per row, so not with them
-        plan = None if wants_routing or not self.share_prefill else plan_sharing(
+        # identical prompts (a GRPO group) are prefilled once (a routing record's prefill rows are copied the same way)
+        plan = None if not self.share_prefill else plan_sharing(
             [(p.input_ids, p.mm) for p in active], set(self.processor.media_token_ids.values()))
         rows_in = active if plan is None else [active[u] for u in plan.unique]
         batch = self.processor.collate([_Row(p.input_ids, [0] * len(p.input_ids), p.mm) for p in rows_in], padding_side="left")
@@ -870,7 +870,15 @@ class EmbeddedEngine:
         routing = RoutingRecorder(self.model, len(active)) if wants_routing else None
         try:
             with torch.inference_mode(), (routing if routing is not None else contextlib.nullcontext()):
-                inputs = batch if plan is None else prefill(self.model, batch, plan.index)
+                if plan is None:
+                    inputs = batch
+                else:
+                    if routing is not None:
+                        routing.batch = len(plan.unique)  # the prefill forward runs on the distinct prompts
+                    inputs = prefill(self.model, batch, plan.index)
+                    if routing is not None:
+                        routing.spread(plan.index)  # its records go to every row that shares them, like the cache
+                        routing.batch = len(active)
                 sequences = self.model.generate(**inputs, generation_config=config,
                                                 logits_processor=LogitsProcessorList([recorder]),
                                                 stopping_criteria=StoppingCriteriaList([stopper]))

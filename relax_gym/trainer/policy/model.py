@@ -22,6 +22,7 @@ from transformers import GenerationConfig, Qwen2_5OmniThinkerConfig, Qwen2_5Omni
 
 from relax_gym.trainer.policy.moe import MoEThinker, moe_thinker_config
 from relax_gym.trainer.policy.processor import OmniProcessor
+from relax_gym.trainer.policy.tiny_sizes import audio_sizes, text_sizes, vision_sizes
 from relax_gym.trainer.policy.tokenizer import DEFAULT_VOCAB_SIZE, build_tokenizer
 
 __all__ = ["PolicyConfig", "build_policy", "mrope_sections", "save_policy", "thinker_config"]
@@ -105,46 +106,14 @@ def mrope_sections(head_dim: int) -> list[int]:
 
 def thinker_config(cfg: PolicyConfig, processor: OmniProcessor) -> Qwen2_5OmniThinkerConfig:
     """A tiny thinker config from ``cfg`` whose vocabulary and media token ids are the processor's tokenizer's."""
-    tok = processor.tokenizer
     head_dim = cfg.hidden_size // cfg.num_heads
     config = Qwen2_5OmniThinkerConfig(
-        text_config=dict(
-            vocab_size=len(tok),
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads,
-            max_position_embeddings=32768,
-            rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta, "mrope_section": mrope_sections(head_dim)},
-            initializer_range=cfg.init_range,
-            tie_word_embeddings=cfg.tie_embeddings,
-            pad_token_id=processor.pad_token_id,
-            eos_token_id=processor.eos_token_id,
-            bos_token_id=None,
-        ),
-        vision_config=dict(
-            depth=cfg.vision_depth,
-            hidden_size=cfg.vision_embed,
-            intermediate_size=cfg.vision_intermediate,
-            num_heads=cfg.vision_heads,
-            patch_size=cfg.patch_size,
-            temporal_patch_size=cfg.temporal_patch_size,
-            spatial_merge_size=cfg.spatial_merge_size,
-            out_hidden_size=cfg.hidden_size,
-            window_size=cfg.patch_size * cfg.spatial_merge_size * 4,  # 4x4 merged tokens per attention window
-            fullatt_block_indexes=[cfg.vision_depth - 1],
-            initializer_range=cfg.init_range,
-        ),
-        audio_config=dict(
-            num_mel_bins=processor.feature_extractor.feature_size,
-            encoder_layers=cfg.audio_layers,
-            encoder_attention_heads=cfg.audio_heads,
-            encoder_ffn_dim=cfg.audio_ffn,
-            d_model=cfg.audio_d_model,
-            output_dim=cfg.hidden_size,
-            initializer_range=cfg.init_range,
-        ),
+        text_config={**text_sizes(cfg, processor),
+                     "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta, "mrope_section": mrope_sections(head_dim)}},
+        vision_config={**vision_sizes(cfg),
+                       "window_size": cfg.patch_size * cfg.spatial_merge_size * 4,  # 4x4 merged tokens per attention window
+                       "fullatt_block_indexes": [cfg.vision_depth - 1]},
+        audio_config=audio_sizes(cfg, processor),
         initializer_range=cfg.init_range,
         tie_word_embeddings=cfg.tie_embeddings,
     )

@@ -18,6 +18,8 @@ from typing import Any
 
 from transformers import Qwen3OmniMoeThinkerConfig, Qwen3OmniMoeThinkerForConditionalGeneration
 
+from relax_gym.trainer.policy.tiny_sizes import audio_sizes, text_sizes, vision_sizes
+
 __all__ = ["MoEThinker", "moe_thinker_config", "routing_dims"]
 
 #: The model class of family ``qwen3_omni_moe``.
@@ -28,56 +30,23 @@ def moe_thinker_config(cfg: Any, processor: Any, rope_sections: list[int]) -> Qw
     """A tiny Qwen3-Omni MoE thinker config from a :class:`~relax_gym.trainer.policy.PolicyConfig` ``cfg``; the
     vocabulary, pad and eos are the processor's tokenizer's, ``rope_sections`` the (t, h, w) split of the text rotary
     frequencies. (The media token ids are wired by the caller, as for the dense thinker.)"""
-    tok = processor.tokenizer
     head_dim = cfg.hidden_size // cfg.num_heads
     grid_side = max(4, (cfg.max_pixels ** 0.5) // cfg.patch_size)  # learned vision positions: a square grid
     return Qwen3OmniMoeThinkerConfig(
-        text_config=dict(
-            vocab_size=len(tok),
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            moe_intermediate_size=cfg.moe_intermediate_size,
-            num_experts=cfg.num_experts,
-            num_experts_per_tok=cfg.moe_top_k,
-            norm_topk_prob=True,
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads,
-            head_dim=head_dim,
-            max_position_embeddings=32768,
-            rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta, "mrope_section": rope_sections,
-                             "mrope_interleaved": True},
-            initializer_range=cfg.init_range,
-            tie_word_embeddings=cfg.tie_embeddings,
-            pad_token_id=processor.pad_token_id,
-            eos_token_id=processor.eos_token_id,
-            bos_token_id=None,
-        ),
-        vision_config=dict(
-            depth=cfg.vision_depth,
-            hidden_size=cfg.vision_embed,
-            intermediate_size=cfg.vision_intermediate,
-            num_heads=cfg.vision_heads,
-            patch_size=cfg.patch_size,
-            temporal_patch_size=cfg.temporal_patch_size,
-            spatial_merge_size=cfg.spatial_merge_size,
-            out_hidden_size=cfg.hidden_size,
-            num_position_embeddings=int(grid_side) ** 2,
-            deepstack_visual_indexes=[0],
-            initializer_range=cfg.init_range,
-        ),
-        audio_config=dict(
-            num_mel_bins=processor.feature_extractor.feature_size,
-            encoder_layers=cfg.audio_layers,
-            encoder_attention_heads=cfg.audio_heads,
-            encoder_ffn_dim=cfg.audio_ffn,
-            d_model=cfg.audio_d_model,
-            output_dim=cfg.hidden_size,
-            downsample_hidden_size=max(8, cfg.audio_d_model // 2),
-            initializer_range=cfg.init_range,
-        ),
+        text_config={
+            **text_sizes(cfg, processor),
+            "moe_intermediate_size": cfg.moe_intermediate_size,
+            "num_experts": cfg.num_experts,
+            "num_experts_per_tok": cfg.moe_top_k,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "head_dim": head_dim,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta, "mrope_section": rope_sections,
+                                "mrope_interleaved": True},
+        },
+        vision_config={**vision_sizes(cfg), "num_position_embeddings": int(grid_side) ** 2, "deepstack_visual_indexes": [0]},
+        audio_config={**audio_sizes(cfg, processor), "downsample_hidden_size": max(8, cfg.audio_d_model // 2)},
         initializer_range=cfg.init_range,
         tie_word_embeddings=cfg.tie_embeddings,
     )

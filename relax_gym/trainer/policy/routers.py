@@ -78,6 +78,12 @@ class RoutingRecorder:
             self.calls[layer].append(ids.detach().to("cpu", torch.int16).view(self.batch, -1, ids.shape[-1]))
         return hook
 
+    def spread(self, index: torch.Tensor) -> None:
+        """Replace the forwards recorded so far (run on distinct prompts) by their rows ``index`` (one per batch row):
+        the engine's shared prefill copies KV-cache rows the same way."""
+        idx = index.to("cpu")
+        self.calls = [[call[idx] for call in calls] for calls in self.calls]
+
     def tokens(self) -> torch.Tensor:
         """All recorded positions: ``(B, T, layers, K)`` int16, forwards concatenated along T."""
         per_layer = [torch.cat(calls, dim=1) for calls in self.calls]

@@ -169,6 +169,12 @@ class ActorRole:
         if self._fatal is not None:
             raise RuntimeError(f"actor replica: {self._fatal}")
 
+    def __del__(self) -> None:
+        try:  # Serve drops the replica: release the backend (megatron's process group)
+            self.actor.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
     # -- one RL step ---------------------------------------------------------------------------------------------
 
     def _tis_cap(self, max_staleness: int) -> float | None:

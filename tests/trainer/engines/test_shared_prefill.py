@@ -15,25 +15,20 @@ from relax_gym.trainer.engines.protocol import media_data
 from relax_gym.trainer.engines.shared_prefill import plan_sharing
 
 
-def _requests(env_id: str, seeds: list[int], sampling: dict) -> list[dict]:
+def _requests(processor, env_id: str, seeds: list[int], sampling: dict) -> list[dict]:
     env = relax_gym.make(env_id)
     out = []
     for s in seeds:
         obs, _ = env.reset(seed=s)
-        out.append({"input_ids": render(obs, PROCESSOR).input_ids, **media_data(obs), "sampling_params": sampling,
+        out.append({"input_ids": render(obs, processor).input_ids, **media_data(obs), "sampling_params": sampling,
                     "return_logprob": True})
     env.close()
     return out
 
 
-PROCESSOR = None
-
-
 @pytest.fixture(scope="module")
 def engines(policy):
-    global PROCESSOR
     model, processor = policy
-    PROCESSOR = processor
     shared = EmbeddedEngine(copy.deepcopy(model), processor, max_batch=64, batch_window_s=0.05)
     plain = EmbeddedEngine(copy.deepcopy(model), processor, max_batch=64, batch_window_s=0.05, share_prefill=False)
     yield shared, plain
@@ -51,7 +46,7 @@ def _batch(engine, requests):
 def test_greedy_equals_the_unshared_batch(engines, env_id):
     shared, plain = engines
     greedy = {"max_new_tokens": 6, "temperature": 0}
-    requests = _requests(env_id, [0, 0, 1, 0, 1, 3], greedy)  # three distinct prompts, two of them repeated
+    requests = _requests(shared.processor, env_id, [0, 0, 1, 0, 1, 3], greedy)  # three distinct prompts, two of them repeated
     before = shared.stats()["shared_prefill_rows"]
     a, b = _batch(shared, requests), _batch(plain, requests)
     assert shared.stats()["shared_prefill_rows"] - before == 3
@@ -66,7 +61,7 @@ def test_greedy_equals_the_unshared_batch(engines, env_id):
 
 def test_rows_of_one_prompt_sample_independently(engines):
     shared, _ = engines
-    requests = _requests("nextqa-video", [3] * 8, {"max_new_tokens": 8, "temperature": 1.0})
+    requests = _requests(shared.processor, "nextqa-video", [3] * 8, {"max_new_tokens": 8, "temperature": 1.0})
     before = shared.stats()["shared_prefill_rows"]
     out = _batch(shared, requests)
     assert shared.stats()["shared_prefill_rows"] - before == 7
