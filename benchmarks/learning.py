@@ -2,7 +2,9 @@
 start (after the format warm-up) and at the end, with the gain; then the embedded engine's tokens/s against plain
 ``model.generate`` on the same model and batch (ratio, same run).
 
-    python benchmarks/learning.py [--recipe recipes/cpu-nextqa.yaml] [--seeds 0 1] [override ...]
+    python benchmarks/learning.py [--recipe recipes/cpu-nextqa.yaml] [override ...] [--seeds 0 1]
+
+(Overrides go before ``--seeds``: after it every word is read as a seed.)
 
 Each seed is one full run (the recipe's time budget: 14 minutes on the 2-core reference machine). Run dirs go to
 runs/bench-learning-seed<N>.

@@ -229,6 +229,11 @@ SAMPLES = {
                            "restarts_level1": {"env_worker": 1, "inference": 1}, "restarts_level2": 1,
                            "faults_injected": {"kill": 5, "kill:actor": 1, "engine_error": 1}},
                "wall_ratio": 3.0, "workload": {"steps": 6}},
+    "megatron_step": {"repeats": 8, "batch": 16, "tokens": 2530, "threads": 2,
+                      "sft_step": {"hf_wall_ms": 135.4, "megatron_wall_ms": 163.1, "megatron_over_hf_wall": 1.204,
+                                   "hf_cpu_ms": 272.1, "megatron_cpu_ms": 325.5, "megatron_over_hf_cpu": 1.196},
+                      "logprobs": {"hf_wall_ms": 51.3, "megatron_wall_ms": 58.1, "megatron_over_hf_wall": 1.133,
+                                   "hf_cpu_ms": 102.2, "megatron_cpu_ms": 114.1, "megatron_over_hf_cpu": 1.117}},
 }
 
 

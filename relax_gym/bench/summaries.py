@@ -191,6 +191,19 @@ def faults(f: dict[str, Any]) -> Summary:
     return s
 
 
+def megatron_step(f: dict[str, Any]) -> Summary:
+    s = Summary()
+    labels = {"sft_step": "SFT step (forward + backward + AdamW)", "logprobs": "log-prob forward (no grad)"}
+    for key, label in labels.items():
+        r = f[key]
+        s.rows.append(Row(f"{label}: megatron / hf", f"{r['megatron_wall_ms']:.0f} / {r['hf_wall_ms']:.0f} ms",
+                          times(r["megatron_over_hf_wall"]),
+                          f"CPU time {times(r['megatron_over_hf_cpu'])}; batch {f['batch']}, {f['tokens']} tokens, x{f['repeats']}"))
+    s.bars.append(Bars("step time by actor backend", "ms", list(labels.values()),
+                       {"hf": [f[k]["hf_wall_ms"] for k in labels], "megatron": [f[k]["megatron_wall_ms"] for k in labels]}))
+    return s
+
+
 def generic(f: dict[str, Any], limit: int = 12) -> Summary:
     """Numeric and boolean leaves by their dotted key (the first ``limit``)."""
     leaves: list[tuple[str, Any]] = []
@@ -213,7 +226,7 @@ def generic(f: dict[str, Any], limit: int = 12) -> Summary:
 
 SUMMARIES: dict[str, Callable[[dict[str, Any]], Summary]] = {
     "env_reset": env_reset, "sandbox": sandbox, "learning": learning, "modes": modes,
-    "weight_sync": weight_sync, "databus": databus, "r3": r3, "faults": faults,
+    "weight_sync": weight_sync, "databus": databus, "r3": r3, "faults": faults, "megatron_step": megatron_step,
 }
 
 
