@@ -181,6 +181,22 @@ def write_media(root: Path) -> None:
         (root / name).write_bytes(b"\x00")
 
 
+def check_json_records(loader, name: str, data: bytes) -> None:
+    """Write ``data`` as ``name`` beside the media it may name and load it: samples that hold up, or one
+    DatasetError naming the file that never blames valid JSON for invalid syntax."""
+    with scratch() as root:
+        write_media(root)
+        path = root / name
+        path.write_bytes(data)
+        try:
+            samples = loader(path)
+        except DatasetError as exc:
+            check_error(exc, path)
+            check_json_blame(exc, data)
+            return
+        check_samples(samples, path)
+
+
 @PARSE
 @given(file=r1_files())
 @example(file=(".json", deep_json_list.encode()))
@@ -189,17 +205,7 @@ def write_media(root: Path) -> None:
                         b'"path": "' + b"p" * 300 + b'.mp4", "data_type": "video"}]'))
 def test_r1json_loads_or_names_file(file: tuple[str, bytes]) -> None:
     suffix, data = file
-    with scratch() as root:
-        write_media(root)
-        path = root / f"records{suffix}"
-        path.write_bytes(data)
-        try:
-            samples = load_r1json(path)
-        except DatasetError as exc:
-            check_error(exc, path)
-            check_json_blame(exc, data)
-            return
-        check_samples(samples, path)
+    check_json_records(load_r1json, f"records{suffix}", data)
 
 
 @st.composite
@@ -229,17 +235,7 @@ def jsonl_files(draw: st.DrawFn) -> bytes:
 @example(data=b'{"question": "q", "options": ["a", " "], "answer": 0}')  # the other layouts refuse empty options
 @example(data=b'{"question": " ", "options": ["a", "b"], "answer": 0}')
 def test_jsonl_loads_or_names_file_and_line(data: bytes) -> None:
-    with scratch() as root:
-        write_media(root)
-        path = root / "val.jsonl"
-        path.write_bytes(data)
-        try:
-            samples = load_jsonl(path)
-        except DatasetError as exc:
-            check_error(exc, path)
-            check_json_blame(exc, data)
-            return
-        check_samples(samples, path)
+    check_json_records(load_jsonl, "val.jsonl", data)
 
 
 @PARSE
