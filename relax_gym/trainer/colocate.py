@@ -34,7 +34,7 @@ from relax_gym.trainer.engines.coalesce import CoalescingClient
 from relax_gym.trainer.engines.factory import start_engine
 from relax_gym.trainer.fault_hooks import LocalFaults
 from relax_gym.trainer.faults import FaultSchedule
-from relax_gym.trainer.lr_schedule import lr_at, progress
+from relax_gym.trainer.lr_schedule import DecayGate, decayed_fraction, lr_at, progress
 from relax_gym.trainer.metrics import MetricsWriter
 from relax_gym.trainer.policy import build_policy
 from relax_gym.trainer.policy.moe import routing_dims
@@ -72,6 +72,7 @@ class ColocateTrainer:
                                      purge_step=self.resume.step + 1 if self.resume else None)
         self.version = 0
         self.rng = np.random.default_rng(cfg.trainer.seed)
+        self.lr_gate = DecayGate(cfg.actor.lr_hold_until_reward, cfg.actor.lr_hold_window)  # when the lr decay starts
         self.faults = LocalFaults(FaultSchedule(cfg.faults, self.run_dir), getattr(self.engine_host, "engine", None))
         self.resumed: TrainerState | None = None
         if self.resume is not None and self.resume.path is not None:
@@ -200,11 +201,14 @@ class ColocateTrainer:
         self._clock_start = start
         summary = {"eval_reward_start": first_eval["eval_reward"], "eval_accuracy_start": first_eval["eval_accuracy"]}
         step = resumed.step if resumed else 0
+        a = cfg.actor
+        if resumed:
+            self.lr_gate = DecayGate.from_state(resumed.extra.get("lr_gate"), a.lr_hold_until_reward, a.lr_hold_window)
         for step in range(step + 1, t.steps + 1):
             self.faults.start_step(step)
             t0 = time.perf_counter()
-            lr = lr_at(cfg.actor.lr, cfg.actor.lr_schedule, progress(step - 1, t.steps, t0 - start, t.time_budget_s),
-                       cfg.actor.min_lr_ratio)
+            fraction = progress(step - 1, t.steps, t0 - start, t.time_budget_s)
+            lr = lr_at(a.lr, a.lr_schedule, decayed_fraction(fraction, self.lr_gate.decay_from), a.min_lr_ratio)
             self.actor.set_lr(lr)
             base_seed = t.seed * 10_000_019 + step * 1_000
             seeds = [(base_seed + p, p) for p in range(t.prompts_per_step) for _ in range(t.group_size)]
@@ -228,6 +232,7 @@ class ColocateTrainer:
                 "rollout_tokens_per_s": completion / max(t1 - t0, 1e-9),
                 "elapsed_s": time.perf_counter() - start,
             }
+            self.lr_gate.observe(row["reward_mean"], progress(step, t.steps, time.perf_counter() - start, t.time_budget_s))
             over_budget = t.time_budget_s is not None and time.perf_counter() - start > t.time_budget_s
             if step % t.eval_every == 0 or step == t.steps or over_budget:
                 last_eval = await self.evaluate(eval_envs)
@@ -251,7 +256,8 @@ class ColocateTrainer:
         dist_checkpointing) and the trainer state (:mod:`~relax_gym.trainer.checkpoint`)."""
         elapsed = time.perf_counter() - getattr(self, "_clock_start", time.perf_counter())
         state = TrainerState(step=step, version=self.version, cursor=data_cursor(self.cfg.trainer, step),
-                             rng=capture_rng(self.rng), elapsed_s=elapsed)
+                             rng=capture_rng(self.rng), elapsed_s=elapsed,
+                             extra={"lr_gate": self.lr_gate.state()})
         return save_checkpoint(self.run_dir, self.actor, state)
 
     def close(self) -> None:

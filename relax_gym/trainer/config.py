@@ -84,6 +84,10 @@ class ActorSection(_Section):
     lr: float = Field(default=2e-4, gt=0)
     lr_schedule: LRSchedule = "constant"  # RL phase: decay to min_lr_ratio * lr over the run (steps or time budget)
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    # hold the peak lr until the mean training reward of the last lr_hold_window steps exceeds this, then decay over
+    # what remains of the run (None: decay from the first step); see relax_gym/trainer/lr_schedule.py
+    lr_hold_until_reward: float | None = None
+    lr_hold_window: int = Field(default=50, ge=1)
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = Field(default=0.0, ge=0)
     grad_clip: float = Field(default=1.0, gt=0)

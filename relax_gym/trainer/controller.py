@@ -59,6 +59,7 @@ from relax_gym.trainer.checkpoint import REFERENCE_DIR, CheckpointError, ResumeP
 from relax_gym.trainer.config import RelaxConfig, RoleSection
 from relax_gym.trainer.engines.factory import weight_transport
 from relax_gym.trainer.faults import FaultSchedule
+from relax_gym.trainer.lr_schedule import DecayGate, progress
 from relax_gym.trainer.metrics import MetricsWriter
 from relax_gym.trainer.policy.moe import routing_dims
 from relax_gym.trainer.recovery import (GlobalRestart, RecoveryError, ReplicaRegistry, Supervisor, is_replica_failure,
@@ -308,7 +309,7 @@ class AsyncTrainer:
                 await launched[k].wait()
                 res = await self._actor(lambda: actor.train_step.remote(
                     k, self._rows_per_step(), t.group_size, max_staleness=t.max_staleness,
-                    with_reference="reference" in self.handles), f"step {k + 1}")
+                    with_reference="reference" in self.handles, lr_decay_from=self.lr_gate.decay_from), f"step {k + 1}")
                 self.version = int(res["version"])
                 await gate.advance(k + 1)
                 roll = await rollouts.pop(k)
@@ -319,6 +320,7 @@ class AsyncTrainer:
                 previous = now
                 steps_done = k + 1
                 waits.append((row["data_wait_s"], row["time_step_s"]))
+                self.lr_gate.observe(row["reward_mean"], progress(steps_done, t.steps, now - start, t.time_budget_s))
                 over_budget = t.time_budget_s is not None and time.perf_counter() - start > t.time_budget_s
                 if steps_done % t.eval_every == 0 or steps_done == t.steps or over_budget:
                     last_eval = await self._evaluate()
@@ -545,7 +547,7 @@ class AsyncTrainer:
         the same sample ids."""
         keep = lambda ids: [s for s in ids if sample_step(s) <= step]  # noqa: E731
         extra = {"produced": keep(self.produced), "consumed": keep(self.consumed), "given_up": keep(self.given_up),
-                 "bus": {"next_partition": step, "partitions_done": step},
+                 "bus": {"next_partition": step, "partitions_done": step}, "lr_gate": self.lr_gate.state(),
                  "elapsed_s": time.perf_counter() - getattr(self, "_start_time", time.perf_counter())}
         actor = self.handles["actor"]
         await self._actor(lambda: actor.checkpoint.remote(step, str(self.run_dir), extra), f"checkpoint {step}")
@@ -559,6 +561,8 @@ class AsyncTrainer:
         self.produced = list(extra.get("produced", []))
         self.consumed = list(extra.get("consumed", []))
         self.given_up = list(extra.get("given_up", []))
+        a = self.cfg.actor
+        self.lr_gate = DecayGate.from_state(extra.get("lr_gate"), a.lr_hold_until_reward, a.lr_hold_window)  # when the lr decay starts
 
     async def _global_restart(self, cause: GlobalRestart) -> None:
         """Level 2: tear the topology down and prepare to start it again from the latest checkpoint."""

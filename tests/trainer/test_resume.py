@@ -24,7 +24,10 @@ RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa.yaml"
 SMALL = ["trainer.steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=2", "trainer.eval_episodes=2",
          "trainer.sft_warmup_steps=6", "trainer.sft_batch_size=4", "trainer.prompts_per_step=2", "trainer.group_size=4",
          "trainer.concurrency=1", "trainer.time_budget_s=null", "inference.max_new_tokens=16", "metrics.tensorboard=false",
-         "algorithm.negative_advantage_scale=1.0", "algorithm.kl_coef=0.05"]
+         "algorithm.negative_advantage_scale=1.0", "algorithm.kl_coef=0.05",
+         # the lr decay starts after step 2 (any reward passes -1 once 2 steps are in): the resumed run must carry
+         # that from the checkpoint, or its steps 3-4 would hold the peak lr
+         "actor.lr_hold_until_reward=-1.0", "actor.lr_hold_window=2"]
 TIMINGS = ("elapsed_s", "rollout_tokens_per_s")
 
 

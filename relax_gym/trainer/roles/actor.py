@@ -32,7 +32,7 @@ from relax_gym.trainer.actor_factory import build_actor
 from relax_gym.trainer.checkpoint import TrainerState, capture_rng, data_cursor, load_checkpoint, restore_rng, save_checkpoint
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.demonstrations import warmup_batches
-from relax_gym.trainer.lr_schedule import lr_at, progress
+from relax_gym.trainer.lr_schedule import decayed_fraction, lr_at, progress
 from relax_gym.trainer.policy import build_policy, save_policy
 from relax_gym.trainer.recovery import ReplacedActorError
 from relax_gym.trainer.replica import announce_replica, setup_replica
@@ -184,13 +184,16 @@ class ActorRole:
         return self.cfg.trainer.off_policy_tis_cap if max_staleness >= 1 else None
 
     async def train_step(self, partition: int, n_rows: int, group_size: int, *, max_staleness: int = 0,
-                         with_reference: bool = False) -> dict[str, Any]:
-        """Train on the ``n_rows`` rows of ``partition`` as they become ready; one optimiser step; push weights."""
+                         with_reference: bool = False, lr_decay_from: float | None = 0.0) -> dict[str, Any]:
+        """Train on the ``n_rows`` rows of ``partition`` as they become ready; one optimiser step; push weights.
+        ``lr_decay_from``: the run's progress at which the lr decay started (None: not yet, the lr holds at its
+        peak; the controller's :class:`~relax_gym.trainer.lr_schedule.DecayGate` decides)."""
         self._refuse_if_replacement()
         bus = self._ready()
         algo, a, t = self.cfg.algorithm, self.cfg.actor, self.cfg.trainer
         elapsed = time.perf_counter() - getattr(self, "_run_start", time.perf_counter())
-        self.actor.set_lr(lr_at(a.lr, a.lr_schedule, progress(partition, t.steps, elapsed, t.time_budget_s), a.min_lr_ratio))
+        fraction = decayed_fraction(progress(partition, t.steps, elapsed, t.time_budget_s), lr_decay_from)
+        self.actor.set_lr(lr_at(a.lr, a.lr_schedule, fraction, a.min_lr_ratio))
         tis_cap = self._tis_cap(max_staleness)
         fields = list(TRAIN_FIELDS) + (["ref_logprobs"] if with_reference else [])
         fields += [ROUTING_FIELD] if routing_dims(self.cfg.model) is not None else []
