@@ -45,7 +45,7 @@ from transformers import AutoTokenizer, BatchFeature, PreTrainedTokenizerBase, W
 
 from relax_gym.omni.decode import DecodedAudio, DecodedVideo
 from relax_gym.omni.render import concat_media
-from relax_gym.trainer.policy.encode_cache import EncodeCache, array_key
+from relax_gym.omni.cache import LRUCache, array_key
 from relax_gym.trainer.policy.tokenizer import MEDIA_TOKENS
 
 __all__ = ["MEDIA_KEYS", "MediaEncoding", "OmniProcessor", "smart_resize"]
@@ -142,8 +142,8 @@ class OmniProcessor:
         self.eos_token_id = int(tokenizer.eos_token_id)
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
         # the group's samples and the template's fixed pieces are encoded again and again: keep recent results
-        self.text_cache = EncodeCache(4096)
-        self.media_cache = EncodeCache(256, max_bytes=MEDIA_CACHE_BYTES, weigh=_encoding_bytes)
+        self.text_cache = LRUCache(4096)
+        self.media_cache = LRUCache(256, max_bytes=MEDIA_CACHE_BYTES, weigh=_encoding_bytes)
 
     def with_chat_template(self, chat_template: str) -> OmniProcessor:
         """A shallow copy that renders with another chat template (same tokenizer and media settings)."""

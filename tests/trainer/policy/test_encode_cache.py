@@ -1,5 +1,6 @@
-"""The processor's encode cache: hits return the same encoding as a fresh processor, keys follow content and the
-settings that change an encoding, failures are not cached, and a copied processor starts empty."""
+"""The LRU caches (relax_gym/omni/cache.py) and the processor's encode cache: hits return the same encoding as a
+fresh processor, keys follow content and the settings that change an encoding, failures are not cached, and a
+copied processor starts empty."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from relax_gym.trainer.policy.encode_cache import EncodeCache, array_key
+from relax_gym.omni.cache import DecodeCache, LRUCache, array_key
 
 
 def _same(a, b) -> None:
@@ -21,7 +22,7 @@ def _same(a, b) -> None:
 
 
 def test_lru_evicts_the_least_recent_and_counts():
-    cache = EncodeCache(2)
+    cache = LRUCache(2)
     calls = []
     get = lambda k: cache.get(k, lambda: calls.append(k) or k * 10)  # noqa: E731
     assert [get(1), get(2), get(1), get(3), get(2)] == [10, 20, 10, 30, 20]
@@ -30,14 +31,19 @@ def test_lru_evicts_the_least_recent_and_counts():
 
 
 def test_a_byte_budget_evicts_by_size_and_skips_what_cannot_fit():
-    cache = EncodeCache(100, max_bytes=10, weigh=len)
+    cache = LRUCache(100, max_bytes=10, weigh=len)
     for key in ("a", "b", "c"):
         cache.get(key, lambda k=key: k * 4)  # 4 bytes each: the third pushes the first out
     assert (len(cache), cache.nbytes) == (2, 8)
     assert cache.get("a", lambda: "A" * 4) == "AAAA" and cache.misses == 4  # "a" was evicted
     assert cache.get("big", lambda: "x" * 11) == "x" * 11 and cache.nbytes <= 10 and "big" not in cache._items
     with pytest.raises(ValueError, match="weigh"):
-        EncodeCache(4, max_bytes=10)
+        LRUCache(4, max_bytes=10).get("k", lambda: "v")
+    media = DecodeCache(max_bytes=10)  # the decoded-media cache: the same LRU, weighed per call, no count limit
+    for key in ("a", "b", "c"):
+        media.get_or_decode(key, "spec", lambda k=key: k * 4, len)
+    assert media.stats().entries == 2 and media.stats().evictions == 1 and ("c", "spec") in media
+    assert len(pickle.loads(pickle.dumps(media))) == 0 and pickle.loads(pickle.dumps(media)).max_bytes == 10
 
 
 def test_the_processor_bounds_its_media_cache_in_bytes(processor):
@@ -49,7 +55,7 @@ def test_the_processor_bounds_its_media_cache_in_bytes(processor):
 
 
 def test_a_failed_compute_is_not_cached():
-    cache = EncodeCache(4)
+    cache = LRUCache(4)
 
     def boom():
         raise ValueError("bad clip")
