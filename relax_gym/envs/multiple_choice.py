@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from relax_gym.envs import synth
 from relax_gym.envs.core import AgentEnv, Opening, Outcome
@@ -43,7 +43,11 @@ class MultipleChoiceEnv(AgentEnv):
         decode_on_reset: bool = True,
         max_action_chars: int = 32_768,
         render_mode: str | None = None,
+        pick: Literal["random", "cycle"] = "random",
     ) -> None:
+        if pick not in ("random", "cycle"):
+            raise ValueError(f"pick must be 'random' or 'cycle', got {pick!r}")
+        self.pick = pick
         self.dataset_spec = dataset if isinstance(dataset, DatasetSpec) else DatasetSpec.model_validate(dataset)
         self.samples = self._load(self.dataset_spec, data_dir, split)
         self.media_kinds = tuple(sorted({k for s in self.samples for k in s.media}))
@@ -61,6 +65,14 @@ class MultipleChoiceEnv(AgentEnv):
         return load_samples(spec, data_dir, split)
 
     # -- episode -----------------------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        """``pick="random"`` (the default) draws the record from the seed, with replacement; ``pick="cycle"``
+        takes record ``seed % len(records)``, so len(records) consecutive seeds visit every record once (an
+        evaluation pass over a whole split). ``options["index"]`` wins over both."""
+        if self.pick == "cycle" and seed is not None and "index" not in (options or {}):
+            options = {**(options or {}), "index": seed % len(self.samples)}
+        return super().reset(seed=seed, options=options)
 
     def _reset(self, options: dict[str, Any]) -> Opening:
         if "index" in options:

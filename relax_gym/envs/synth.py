@@ -74,7 +74,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Bump whenever the generated content changes; the cache folder name carries it.
-SAMPLE_VERSION = 3  # 2: options in a fixed order (see write_nextqa_sample); 3: 2000 / 600 training records
+SAMPLE_VERSION = 4  # 2: options in a fixed order (see write_nextqa_sample); 3: 2000 / 600 training records;
+# 4: nextqa's val split is 200 clips, balanced over the answers
 #: The agent samples' own version (bump when their content changes; the single-turn samples keep theirs).
 AGENT_SAMPLE_VERSION = 1
 
@@ -386,7 +387,7 @@ def _write_csv(path: Path, rows: list[dict[str, object]]) -> None:
     path.write_text(buf.getvalue(), encoding="utf-8")
 
 
-def write_nextqa_sample(dest: Path, n_val: int = 48, n_train: int = 2000, seed: int = 0, shuffle_options: bool = False) -> None:
+def write_nextqa_sample(dest: Path, n_val: int = 200, n_train: int = 2000, seed: int = 0, shuffle_options: bool = False) -> None:
     """Write a NExT-QA-layout sample (``val.csv``, ``train.csv``, ``map_vid_vidorID.json``, ``videos/``).
 
     Options come in a fixed order per question type unless ``shuffle_options``: the bundled sample exists so that
@@ -397,6 +398,10 @@ def write_nextqa_sample(dest: Path, n_val: int = 48, n_train: int = 2000, seed: 
     every row has its own 64x64, 8 fps, 16-frame H.264 clip. The training split is large (2000 clips, ~8 MB,
     ~20 s to write once): on a few hundred clips a tiny model memorises the clips (every clip has its own noisy
     background) instead of learning the concept, and its held-out accuracy stays at chance.
+
+    The val split is balanced: each question type takes each of its five answers equally often (in turn), so a
+    policy that always gives the same letter scores chance (0.2) on it, whatever the split's size; the training
+    split draws its answers at random.
     """
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -410,15 +415,17 @@ def write_nextqa_sample(dest: Path, n_val: int = 48, n_train: int = 2000, seed: 
             counter += 1
             video_id, video_path = _video_slot(dest, vid_map, counter, _VIDEO_ID_BASE)
             clip_seed = int(rng.integers(0, 2**31 - 1))
+            drawn = int(rng.integers(5))
+            answer = (i // 2) % 5 if split == "val" else drawn  # val: every answer in turn, per question type
             if i % 2 == 0:
                 qtype, question = "TN", TN_QUESTION
-                direction = DIRECTIONS[int(rng.integers(len(DIRECTIONS)))]
+                direction = DIRECTIONS[answer]
                 options = [_DIRECTION_OPTION[d] for d in DIRECTIONS]
                 correct = _DIRECTION_OPTION[direction]
                 write_moving_square_video(video_path, direction, seed=clip_seed)
             else:
                 qtype, question = "DC", DC_QUESTION
-                count = int(rng.integers(1, 6))
+                count = answer + 1
                 options = list(_NUMBER_WORDS)
                 correct = _NUMBER_WORDS[count - 1]
                 _write_count_video(video_path, count, clip_seed)

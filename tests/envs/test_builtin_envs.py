@@ -120,3 +120,16 @@ def test_data_env_without_sample_needs_data_dir():
         MultipleChoiceEnv(dataset={"format": "jsonl"})
     with pytest.raises(IndexError, match="out of range"):
         relax_gym.make("echo-ink").reset(options={"index": 10_000})
+
+
+def test_cycle_pick_visits_every_record_once_per_pass():
+    env = relax_gym.make("nextqa-video", split="val", pick="cycle")
+    n = len(env.unwrapped.samples)
+    seen = [env.reset(seed=500_000 + i)[1]["sample_index"] for i in range(n)]
+    assert sorted(seen) == list(range(n))  # one pass over the split, each record once
+    assert env.reset(seed=500_000 + n)[1]["sample_index"] == seen[0]
+    assert env.reset(seed=3, options={"index": 7})[1]["sample_index"] == 7  # an explicit index still wins
+    drawn = relax_gym.make("nextqa-video", split="val")  # the default draws with replacement
+    assert len({drawn.reset(seed=500_000 + i)[1]["sample_index"] for i in range(n)}) < n
+    with pytest.raises(ValueError, match="pick"):
+        relax_gym.make("nextqa-video", split="val", pick="sequential")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 
 import av
@@ -169,7 +169,7 @@ def test_nextqa_layout(nextqa: Path) -> None:
     assert nextqa.name == f"nextqa-v{synth.SAMPLE_VERSION}"
     vid_map = json.loads((nextqa / "map_vid_vidorID.json").read_text())
     seen_videos: set[str] = set()
-    for split, n in (("val", 48), ("train", 2000)):
+    for split, n in (("val", 200), ("train", 2000)):
         text = (nextqa / f"{split}.csv").read_text()
         assert text.splitlines()[0] == NEXTQA_HEADER
         rows = _read_csv(nextqa / f"{split}.csv")
@@ -200,6 +200,9 @@ def test_nextqa_layout(nextqa: Path) -> None:
     # answers are spread over the slots: the media decide them, not a constant letter
     rows = _read_csv(nextqa / "train.csv")
     assert len({r["answer"] for r in rows}) >= 4
+    # the val split is balanced: a constant letter scores chance on it (20 of each answer per question type)
+    val = Counter((r["type"], r["answer"]) for r in _read_csv(nextqa / "val.csv"))
+    assert set(val.values()) == {20} and len(val) == 10
     assert _dir_size(nextqa) < 12 * MB
 
 
@@ -350,11 +353,13 @@ def test_nextqa_deterministic(tmp_path: Path) -> None:
     synth.write_nextqa_sample(c, n_val=6, n_train=6, seed=6)
     for name in ("val.csv", "train.csv", "map_vid_vidorID.json"):
         assert (a / name).read_text() == (b / name).read_text()
-    assert (a / "val.csv").read_text() != (c / "val.csv").read_text()
+    # another seed: other training answers and other clips (val's answers are balanced, the same for any seed)
+    assert (a / "train.csv").read_text() != (c / "train.csv").read_text()
     files = sorted(p.relative_to(a) for p in a.rglob("*.mp4"))
     assert len(files) == 12
     # single-threaded x264 with fixed settings gives byte-identical clips
     assert all((a / p).read_bytes() == (b / p).read_bytes() for p in files)
+    assert any((a / p).read_bytes() != (c / p).read_bytes() for p in files)
 
 
 def test_avqa_deterministic(tmp_path: Path) -> None:
