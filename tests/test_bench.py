@@ -234,6 +234,11 @@ SAMPLES = {
                                    "hf_cpu_ms": 272.1, "megatron_cpu_ms": 325.5, "megatron_over_hf_cpu": 1.196},
                       "logprobs": {"hf_wall_ms": 51.3, "megatron_wall_ms": 58.1, "megatron_over_hf_wall": 1.133,
                                    "hf_cpu_ms": 102.2, "megatron_cpu_ms": 114.1, "megatron_over_hf_cpu": 1.117}},
+    "agent_learning": {"prior": {"path": "p", "base": "b", "sft_steps": 160}, "settings": {"quick": False, "seed": 1},
+                       "arms": [{"arm": "tools", "steps": 60, "eval_reward_start": 0.4, "eval_reward_end": 0.559,
+                                 "eval_tool_calls_end": 1.0, "episodes_with_event": 91, "event_seen_share": 1.0},
+                                {"arm": "no tools", "steps": 60, "eval_reward_start": 0.344, "eval_reward_end": 0.344,
+                                 "eval_tool_calls_end": 0.0, "episodes_with_event": 91, "event_seen_share": 0.0}]},
 }
 
 

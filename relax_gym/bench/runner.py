@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 # Display order; scripts not listed here follow in alphabetical order.
-KNOWN_ORDER = ("env_reset", "sandbox", "learning", "modes", "weight_sync", "databus", "faults", "r3", "megatron_step")
+KNOWN_ORDER = ("env_reset", "sandbox", "learning", "agent_learning", "modes", "weight_sync", "databus", "faults", "r3",
+               "megatron_step")
 
 Status = Literal["ok", "skipped", "failed"]
 

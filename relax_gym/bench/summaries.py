@@ -204,6 +204,28 @@ def megatron_step(f: dict[str, Any]) -> Summary:
     return s
 
 
+def agent_learning(f: dict[str, Any]) -> Summary:
+    s = Summary()
+    quick = f.get("settings", {}).get("quick")
+    seed = f.get("settings", {}).get("seed", "?")
+    note = "quick: a smoke run of the pipeline, NOT the figure" if quick else f"seed {seed}, from the shared prior"
+    for r in f["arms"]:
+        seen = (f"event seen {round(r['event_seen_share'] * r['episodes_with_event'])} of {r['episodes_with_event']}"
+                if r.get("episodes_with_event") else "no event clips")
+        s.rows.append(Row(f"held-out eval reward, {r['arm']} ({r['steps']} RL steps)",
+                          f"{r['eval_reward_start']:.3f} -> {r['eval_reward_end']:.3f}",
+                          f"{r['eval_reward_end'] - r['eval_reward_start']:+.3f}",
+                          f"{note}; tool calls/episode {r['eval_tool_calls_end']:.2f}; {seen}"))
+    by_arm = {r["arm"]: r for r in f["arms"]}
+    if {"tools", "no tools"} <= set(by_arm) and not quick:
+        gap = by_arm["tools"]["eval_reward_end"] - by_arm["no tools"]["eval_reward_end"]
+        s.rows.append(Row("target: tools above no tools at the end", "met" if gap > 0 else "NOT met", f"{gap:+.3f}"))
+    s.bars.append(Bars("agentic video: held-out eval reward" + (" (quick smoke run)" if quick else ""), "reward",
+                       [r["arm"] for r in f["arms"]], {"start": [r["eval_reward_start"] for r in f["arms"]],
+                                                       "end": [r["eval_reward_end"] for r in f["arms"]]}))
+    return s
+
+
 def generic(f: dict[str, Any], limit: int = 12) -> Summary:
     """Numeric and boolean leaves by their dotted key (the first ``limit``)."""
     leaves: list[tuple[str, Any]] = []
@@ -227,6 +249,7 @@ def generic(f: dict[str, Any], limit: int = 12) -> Summary:
 SUMMARIES: dict[str, Callable[[dict[str, Any]], Summary]] = {
     "env_reset": env_reset, "sandbox": sandbox, "learning": learning, "modes": modes,
     "weight_sync": weight_sync, "databus": databus, "r3": r3, "faults": faults, "megatron_step": megatron_step,
+    "agent_learning": agent_learning,
 }
 
 

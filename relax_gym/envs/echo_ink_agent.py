@@ -93,15 +93,17 @@ class EchoInkAgentEnv(McqAgentEnv):
         height, width = self.picture.shape[:2]
         shown_w, shown_h = fit_pixels(width, height, self.overview_max_pixels)
         excerpt = min(self.excerpt_s, self.audio_s)
-        return [
+        parts: list[Part] = [
             TextPart(f"An image of {width}x{height} pixels, shown here at {shown_w}x{shown_h}:"),
             ImagePart(image, ImageSampling(max_pixels=self.overview_max_pixels)),
             TextPart(f"\nThe first {excerpt:.2f} s of a {self.audio_s:.2f} s audio clip:"),
             AudioPart(self.audio, AudioSampling(sample_rate=self.sample_rate, end_s=excerpt)),
-            TextPart(f"\nTools: listen(start_s, end_s) plays a span of the audio ({self.min_listen_s:g} to "
-                     f"{self.seconds.per_call:g} s per call, {self.seconds.total:g} s in all); zoom(x, y, w, h) shows a "
-                     "region of the image at full detail."),
         ]
+        if self.tools_enabled:
+            parts.append(TextPart(f"\nTools: listen(start_s, end_s) plays a span of the audio ({self.min_listen_s:g} to "
+                                  f"{self.seconds.per_call:g} s per call, {self.seconds.total:g} s in all); zoom(x, y, w, h) "
+                                  "shows a region of the image at full detail."))
+        return parts
 
     def _gold_calls(self, sample: McqSample) -> list[str]:
         end = math.floor(min(self.audio_s, self.seconds.per_call) * 100) / 100

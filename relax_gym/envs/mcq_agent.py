@@ -9,7 +9,9 @@ record's answer. Subclasses decide what the agent sees first and which tools it 
 - ``_gold_calls(sample) -> list[str]`` (tool-call actions of the gold plan, one call each, used in order).
 
 Everything else (tool calls, turns, the reminder, rewards, the call cost) is :class:`ToolEnv`'s. ``instructions``
-replaces the first paragraph of the system prompt (the tool schemas always follow it).
+replaces the first paragraph of the system prompt (the tool schemas follow it while tools are enabled).
+``tools_enabled=False`` (``ToolEnv``'s no-tool baseline) also drops the tool sentence from the default instructions
+and the tool line from the first observation: the agent answers from the first look alone.
 """
 
 from __future__ import annotations
@@ -32,14 +34,20 @@ class McqAgentEnv(ToolEnv):
         "Answer the multiple-choice question about the media. Think inside <think></think> before each action. "
         "Look closer with a tool call, or give the option letter as <think>...</think><answer>X</answer>."
     )
+    no_tools_head = (
+        "Answer the multiple-choice question about the media. Think inside <think></think>, then give the option "
+        "letter as <think>...</think><answer>X</answer>."
+    )
 
     def __init__(self, tools: list[Tool], *, dataset: DatasetSpec | dict[str, Any], data_dir: str | Path | None = None,
                  split: str | None = None, max_turns: int = 4, instructions: str | None = None, **kwargs: Any) -> None:
         self.dataset_spec = dataset if isinstance(dataset, DatasetSpec) else DatasetSpec.model_validate(dataset)
         self.samples = load_samples(self.dataset_spec, data_dir, split)
         super().__init__(tools, max_turns=max_turns, **kwargs)
-        if instructions is not None:  # the system prompt's first paragraph; the tool schemas always follow it
+        if instructions is not None:  # the system prompt's first paragraph; the tool schemas follow it
             self.system_prompt_head = instructions
+        elif not self.tools_enabled:
+            self.system_prompt_head = self.no_tools_head
         self.sample: McqSample | None = None
         self.options: tuple[str, ...] = ()
 

@@ -14,6 +14,10 @@ maximum reward.
 
 ``tool_latency`` (a :class:`~relax_gym.envs.latency.ToolLatency` or its dict) adds a simulated, seeded wait to every
 tool call, for long-tail agentic workloads; the turn's total wait is reported in ``info["tool_latency_s"]``.
+
+``tools_enabled=False`` turns the same task into its no-tool baseline: the system prompt lists no tools, the gold
+plan answers at once, and a tool call is not run but answered with an error (counted in ``tool_calls`` and
+``tool_errors``), so the agent has to answer from what the first observation shows.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ from typing import Any
 from relax_gym.envs.core import AgentEnv, Opening, Outcome
 from relax_gym.envs.latency import ToolLatency
 from relax_gym.envs.rewards import extract_answer, think_answer_format
-from relax_gym.envs.tools import MediaRole, Tool, ToolBox, ToolCall, parse_tool_calls, tool_messages, tools_system_prompt
+from relax_gym.envs.tools import (MediaRole, Tool, ToolBox, ToolCall, ToolOutput, parse_tool_calls, tool_messages,
+                                  tools_system_prompt)
 from relax_gym.omni import Message, TextPart
 
+TOOLS_OFF = ToolOutput(text="Error: no tools in this episode; answer with <think>...</think><answer>...</answer>.", is_error=True)
 REMINDER = "Call a tool with <tool_call>{...}</tool_call>, or give your final answer as <think>...</think><answer>...</answer>."
 
 
@@ -47,13 +53,14 @@ class ToolEnv(AgentEnv):
     def __init__(self, tools: list[Tool], *, max_turns: int = 6, max_calls_per_turn: int = 4,
                  accuracy_weight: float = 0.9, format_weight: float = 0.1,
                  tool_latency: ToolLatency | dict[str, Any] | None = None, media_role: MediaRole = "tool",
-                 call_cost: float = 0.0, free_calls: int = 0, **kwargs: Any) -> None:
+                 call_cost: float = 0.0, free_calls: int = 0, tools_enabled: bool = True, **kwargs: Any) -> None:
         super().__init__(max_turns=max_turns, **kwargs)
         if media_role not in ("tool", "user"):
             raise ValueError(f"media_role must be 'tool' or 'user', got {media_role!r}")
         if call_cost < 0 or free_calls < 0:
             raise ValueError(f"call_cost and free_calls must be >= 0, got {call_cost} and {free_calls}")
         self.media_role = media_role
+        self.tools_enabled = bool(tools_enabled)
         self.call_cost = float(call_cost)
         self.free_calls = int(free_calls)
         self.tool_latency = ToolLatency.model_validate(tool_latency) if isinstance(tool_latency, dict) else tool_latency
@@ -91,7 +98,7 @@ class ToolEnv(AgentEnv):
         self._end_episode()
         self.task = self._make_task(options)
         self.tool_calls = self.tool_errors = 0
-        system = f"{self.system_prompt_head}\n\n{tools_system_prompt(self.toolbox)}"
+        system = f"{self.system_prompt_head}\n\n{tools_system_prompt(self.toolbox)}" if self.tools_enabled else self.system_prompt_head
         messages = [Message(role="system", content=(TextPart(system),)), Message(role="user", content=tuple(self.task.prompt))]
         return Opening(messages=messages, gold=self._next_gold(), info=dict(self.task.info))
 
@@ -116,8 +123,8 @@ class ToolEnv(AgentEnv):
         messages = []
         waited = 0.0
         for call in calls[: self.max_calls_per_turn]:
-            output = self.toolbox.run(call, ctx=self)
-            if self.tool_latency is not None and self._latency_rng is not None and isinstance(call, ToolCall):
+            output = self.toolbox.run(call, ctx=self) if self.tools_enabled else TOOLS_OFF
+            if self.tools_enabled and self.tool_latency is not None and self._latency_rng is not None and isinstance(call, ToolCall):
                 delay = self.tool_latency.draw(self._latency_rng)
                 self.tool_latency.wait(delay)
                 waited += delay
@@ -146,7 +153,7 @@ class ToolEnv(AgentEnv):
     def _next_gold(self) -> str:
         assert self.task is not None
         done = self.tool_calls - self.tool_errors  # successful calls so far
-        if done < len(self.task.gold_calls):
+        if self.tools_enabled and done < len(self.task.gold_calls):
             return self.task.gold_calls[done]
         return self.task.gold_answer
 

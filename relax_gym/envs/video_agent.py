@@ -83,9 +83,10 @@ class NextQAVideoAgentEnv(McqAgentEnv):
             f"A video clip of {self.duration_s:.2f} s ({self.native_fps:g} fps). {len(overview.frames)} keyframes from it:")]
         for picture, t in zip(overview.frames, overview.timestamps):
             parts += [TextPart(f"\nt={t:.2f}s "), png_image_part(picture, max_pixels=self.max_pixels)]
-        parts.append(TextPart(
-            f"\nTools: watch(start_s, end_s, fps) shows a span as video, frame(t_s) one frame; at most "
-            f"{self.frames.per_call:g} frames per call and {self.frames.total:g} in all, fps up to {self.max_fps:g}."))
+        if self.tools_enabled:
+            parts.append(TextPart(
+                f"\nTools: watch(start_s, end_s, fps) shows a span as video, frame(t_s) one frame; at most "
+                f"{self.frames.per_call:g} frames per call and {self.frames.total:g} in all, fps up to {self.max_fps:g}."))
         return parts
 
     def _gold_calls(self, sample: McqSample) -> list[str]:

@@ -20,13 +20,21 @@ _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 SHORT_THINK = "<think></think>"  # the shortest well-formed thought: fewer tokens to sample per episode
 
 
-def demonstration(env, processor, seed: int, rng: np.random.Generator, *, random_answers: bool = True, max_turns: int = 16) -> Rendered:
+def demonstration(env, processor, seed: int, rng: np.random.Generator | None = None, *, random_answers: bool = True,
+                  max_turns: int = 16, short_tool_thoughts: bool = False) -> Rendered:
+    """One gold episode rendered for SFT. ``random_answers`` (needs ``rng``): every thought shortened and the
+    answer letter drawn at random (a format-only demonstration). ``short_tool_thoughts``: only the thoughts before
+    tool calls are shortened (the answer's thought names the option, and stays)."""
     base = env.unwrapped
     obs, info = env.reset(seed=seed)
     messages = list(obs)
     for _ in range(max_turns):
         action = info["gold"]
+        if short_tool_thoughts and "<tool_call>" in action:
+            action = _THINK.sub(SHORT_THINK, action, count=1)
         if random_answers:
+            if rng is None:
+                raise ValueError("random_answers needs an rng")
             action = _THINK.sub(SHORT_THINK, action, count=1)
             n_options = len(getattr(getattr(base, "sample", None), "options", ()) or getattr(base, "options", ()) or "ABCD")
             action = _ANSWER_LETTER.sub(lambda m: f"<answer>{'ABCDEFGHIJ'[int(rng.integers(n_options))]}</answer>", action)
