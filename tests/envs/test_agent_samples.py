@@ -80,7 +80,7 @@ def av_env():
 def test_cache_folders_carry_their_own_version():
     assert synth.ensure_sample("nextqa-agent").name == f"nextqa-agent-v{synth.AGENT_SAMPLE_VERSION}"
     assert synth.ensure_sample("avqa-agent").name == f"avqa-agent-v{synth.AGENT_SAMPLE_VERSION}"
-    assert synth.sample_version("nextqa") == synth.sample_version("avqa") == synth.SAMPLE_VERSION == 3
+    assert synth.sample_version("nextqa") == synth.sample_version("avqa") == synth.SAMPLE_VERSION == 4
 
 
 def test_nextqa_agent_sample_is_the_nextqa_layout():
@@ -110,12 +110,12 @@ def test_generation_is_deterministic(tmp_path: Path):
 
 
 def test_single_turn_samples_are_unchanged(tmp_path: Path):
-    """The agent writers are additions: the single-turn samples' records are those of SAMPLE_VERSION 2 and 3 (hashes
-    taken from the code before the agent samples existed; the records depend only on the seeded RNG)."""
+    """The agent writers are additions: the single-turn samples' records depend only on the seeded RNG (avqa: the
+    hash taken before the agent samples existed; nextqa: SAMPLE_VERSION 4's, whose val answers are balanced)."""
     synth.write_nextqa_sample(tmp_path / "nq", n_val=6, n_train=2)
     synth.write_avqa_sample(tmp_path / "av", n_valid=6, n_train=3)
     assert hashlib.sha256((tmp_path / "nq" / "val.csv").read_bytes()).hexdigest() == (
-        "70667b1c419f3d3df74d87ee457f04f8a868948f1c6ea268cc32968b1fd262fc")
+        "10614bd34147acc7e91b6d8344c92ad7814516ef6efc5313ff3512d05b211f4a")
     assert hashlib.sha256((tmp_path / "av" / "valid" / "omni_rl_format_valid.json").read_bytes()).hexdigest() == (
         "a38d81ad009cfaedd0cecad8b29ea94971655a83f0c51885ee7d700ef044d97f")
 

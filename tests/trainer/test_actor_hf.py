@@ -111,4 +111,6 @@ def test_zero_advantage_samples_are_skipped_without_changing_the_step():
         results.append((metrics["samples_forwarded"], [p.detach().clone() for p in m.parameters()]))
     assert results[0][0] == 2 and results[1][0] == 4
     for a, b in zip(results[0][1], results[1][1]):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)  # micro-batches pad differently: float noise only
+        # micro-batches pad differently: float noise only, which Adam can blow up to ~1e-5 on an element whose
+        # gradient is ~0; a changed normaliser would move every element by ~lr (1e-3)
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
