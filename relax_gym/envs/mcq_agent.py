@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_gym.envs.datasets import DatasetError, DatasetSpec, McqSample
-from relax_gym.envs.multiple_choice import load_samples
+from relax_gym.envs.multiple_choice import load_samples, record_index
 from relax_gym.envs.rewards import LETTERS, answer_letter
 from relax_gym.envs.tool_env import Task, ToolEnv
 from relax_gym.envs.tools import Tool
@@ -63,7 +63,7 @@ class McqAgentEnv(ToolEnv):
     # -- ToolEnv ------------------------------------------------------------------------------------------
 
     def _make_task(self, options: dict[str, Any]) -> Task:
-        index = self._pick(options)
+        index = record_index(options, len(self.samples), self.np_random)
         self.sample = sample = self.samples[index]
         self.options = sample.options
         try:
@@ -83,16 +83,6 @@ class McqAgentEnv(ToolEnv):
     def _accuracy(self, answer: str) -> float:
         assert self.sample is not None
         return 1.0 if answer_letter(answer, self.options) == self.sample.answer_letter else 0.0
-
-    # -- helpers ------------------------------------------------------------------------------------------
-
-    def _pick(self, options: dict[str, Any]) -> int:
-        if "index" not in options:
-            return int(self.np_random.integers(len(self.samples)))
-        index = int(options["index"])
-        if not 0 <= index < len(self.samples):
-            raise IndexError(f"options['index']={index} is out of range 0..{len(self.samples) - 1}")
-        return index
 
 
 def call_action(name: str, arguments: dict[str, Any], thought: str) -> str:

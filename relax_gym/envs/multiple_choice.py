@@ -28,6 +28,17 @@ DEFAULT_SYSTEM_PROMPT = (
 _announced_samples: set[str] = set()
 
 
+def record_index(options: dict[str, Any], n_records: int, rng: Any) -> int:
+    """The record an episode shows: ``options["index"]`` (checked against ``n_records``), else one drawn from the
+    env's seeded ``rng`` (a NumPy generator). The multiple-choice envs, single-turn and agentic, pick this way."""
+    if "index" not in options:
+        return int(rng.integers(n_records))
+    index = int(options["index"])
+    if not 0 <= index < n_records:
+        raise IndexError(f"options['index']={index} is out of range 0..{n_records - 1}")
+    return index
+
+
 class MultipleChoiceEnv(AgentEnv):
     def __init__(
         self,
@@ -75,12 +86,7 @@ class MultipleChoiceEnv(AgentEnv):
         return super().reset(seed=seed, options=options)
 
     def _reset(self, options: dict[str, Any]) -> Opening:
-        if "index" in options:
-            index = int(options["index"])
-            if not 0 <= index < len(self.samples):
-                raise IndexError(f"options['index']={index} is out of range 0..{len(self.samples) - 1}")
-        else:
-            index = int(self.np_random.integers(len(self.samples)))
+        index = record_index(options, len(self.samples), self.np_random)
         self.sample = sample = self.samples[index]
         parts = self._media_parts(sample)
         if self.decode_on_reset:

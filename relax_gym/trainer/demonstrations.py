@@ -30,12 +30,11 @@ def demonstration(env, processor, seed: int, rng: np.random.Generator | None = N
     messages = list(obs)
     for _ in range(max_turns):
         action = info["gold"]
-        if short_tool_thoughts and "<tool_call>" in action:
+        if random_answers or (short_tool_thoughts and "<tool_call>" in action):
             action = _THINK.sub(SHORT_THINK, action, count=1)
         if random_answers:
             if rng is None:
                 raise ValueError("random_answers needs an rng")
-            action = _THINK.sub(SHORT_THINK, action, count=1)
             n_options = len(getattr(getattr(base, "sample", None), "options", ()) or getattr(base, "options", ()) or "ABCD")
             action = _ANSWER_LETTER.sub(lambda m: f"<answer>{'ABCDEFGHIJ'[int(rng.integers(n_options))]}</answer>", action)
         messages.append(Message(role="assistant", content=(TextPart(action),)))
