@@ -358,11 +358,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         path = urlsplit(self.path).path.rstrip("/") or "/"
         try:
-            try:
-                body = self._read_body()
-            except _HTTPError:
-                self.close_connection = True  # the rest of the body may still be on the wire
-                raise
+            raw = self._read_raw_body()  # an _HTTPError here leaves part of the body on the wire: close after
+            body = _parse_json(raw)  # the body was read in full: the connection stays usable
             response = self.server_ref.dispatch(method, path, body, self.headers)
             payload = _encode(response)
         except _HTTPError as exc:
@@ -376,6 +373,8 @@ class _Handler(BaseHTTPRequestHandler):
             payload = _encode(response)
         try:
             self.send_response(response.status)
+            if self.close_connection:  # tell the client, or it may reuse a socket we are about to close
+                self.send_header("Connection", "close")
             self.send_header("Content-Type", response.content_type)
             self.send_header("Content-Length", str(len(payload)))
             for name, value in response.headers.items():
@@ -388,7 +387,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             logger.exception("sending the response failed")
 
-    def _read_body(self) -> Any:
+    def _read_raw_body(self) -> bytes:
+        try:
+            return self._read_body_bytes()
+        except _HTTPError:
+            self.close_connection = True  # the rest of the body may still be on the wire
+            raise
+
+    def _read_body_bytes(self) -> bytes:
         length = self.headers.get("Content-Length")
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             raw = self._read_chunked()
@@ -400,19 +406,17 @@ class _Handler(BaseHTTPRequestHandler):
             if n > MAX_BODY_BYTES:
                 raise _HTTPError(413, f"body of {n} bytes exceeds {MAX_BODY_BYTES}")
             raw = self.rfile.read(n) if n else b""
-        if not raw.strip():
-            return None
-        try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise _HTTPError(400, f"the body is not valid JSON: {exc}") from None
+        return raw
 
     def _read_chunked(self) -> bytes:
         parts = []
         total = 0
         while True:
             line = self.rfile.readline().strip()
-            size = int(line.split(b";")[0], 16)
+            try:
+                size = int(line.split(b";")[0], 16)
+            except ValueError:
+                raise _HTTPError(400, f"bad chunk size line {line[:40]!r}") from None
             if size == 0:
                 self.rfile.readline()
                 return b"".join(parts)
@@ -421,6 +425,15 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _HTTPError(413, "chunked body too large")
             parts.append(self.rfile.read(size))
             self.rfile.readline()
+
+def _parse_json(raw: bytes) -> Any:
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _HTTPError(400, f"the body is not valid JSON: {exc}") from None
+
 
 def _error_body(path: str, status: int, message: str, kind: str) -> dict[str, Any]:
     """SGLang's error shape, or OpenAI's for the ``/v1`` routes."""

@@ -240,3 +240,40 @@ def test_health_and_info_endpoints(served):
     assert info["is_generation"] is True and info["weight_version"] == served.engine.weight_version
     server = client.get_server_info()
     assert server["max_batch"] == 16 and server["stats"]["requests"] >= 0
+
+
+def _raw_exchange(url: str, request: bytes) -> tuple[bytes, bytes, bytes]:
+    """One request on a fresh socket; returns the response's head and body, and what a second request on the same
+    socket gets (b'' once the server has closed it)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, rest = data.split(b"\r\n\r\n", 1)
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        while len(rest) < length:
+            rest += sock.recv(65536)
+        try:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            second = sock.recv(65536)
+        except OSError:
+            second = b""
+    return head, rest, second
+
+
+def test_error_responses_say_whether_the_connection_stays_open(served):
+    # a body that was read in full but is not JSON: 400, and the keep-alive socket keeps serving
+    head, _, second = _raw_exchange(served.server.url, b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n{not json")
+    assert head.startswith(b"HTTP/1.1 400") and b"connection: close" not in head.lower()
+    assert second.startswith(b"HTTP/1.1 200")
+    # a body that was not read (too large): the server closes, and says so, so a client never reuses the socket
+    head, _, second = _raw_exchange(served.server.url, b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n{}")
+    assert head.startswith(b"HTTP/1.1 413") and b"connection: close" in head.lower()
+    assert second == b""
+    head, body, _ = _raw_exchange(served.server.url, b"POST /generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"connection: close" in head.lower() and b"bad chunk size" in body
