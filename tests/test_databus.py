@@ -494,3 +494,42 @@ def test_wait_is_event_driven_in_the_twin():
         assert math.isclose(bus.stats()["fetches"], 1)
 
     asyncio.run(main())
+
+
+@pytest.mark.integration
+def test_tq_waiting_fetch_wakes_on_the_write_not_on_a_timer(tq_owner, ray_session):
+    """A TransferQueue fetch that finds nothing sleeps on the ledger; the put (and a put_fields that completes a row)
+    wakes it. With a 60 s re-check interval, only the wake-up can answer within the 20 s the test allows, and the
+    fetch reads TransferQueue's readiness a handful of times, not once per backoff interval."""
+    async def main():
+        bus = TransferQueueBus(scope=f"t-{uuid.uuid4().hex[:8]}", recheck_s=60.0)
+        try:
+            waiting = asyncio.ensure_future(bus.fetch(0, "actor", ["input_ids", "adv"], 2))
+            await asyncio.sleep(0.5)
+            await bus.put(0, rows("w", 2))  # no "adv" yet: still nothing to hand out
+            await asyncio.sleep(0.5)
+            assert not waiting.done()
+            await bus.put_fields(0, ["w0", "w1"], {"adv": [0.5, -0.5]})
+            batch = await asyncio.wait_for(waiting, 20)
+            assert batch.sample_ids == ["w0", "w1"] and batch.fields["adv"] == [0.5, -0.5]
+            stats = bus.stats()
+            assert stats["waits"] >= 2 and stats["polls"] <= 6, stats
+        finally:
+            await bus.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.integration
+def test_tq_waiting_fetch_wakes_when_a_lease_lapses(tq_owner, ray_session):
+    async def main():
+        bus = TransferQueueBus(scope=f"t-{uuid.uuid4().hex[:8]}", lease_timeout=0.5, recheck_s=60.0)
+        try:
+            await bus.put(0, rows("l", 1))
+            await bus.fetch(0, "actor", ["input_ids"], 1)  # never acked
+            again = await asyncio.wait_for(bus.fetch(0, "actor", ["input_ids"], 1), 20)
+            assert again.sample_ids == ["l0"]
+        finally:
+            await bus.close()
+
+    asyncio.run(main())

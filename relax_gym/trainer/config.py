@@ -113,6 +113,9 @@ class TrainerSection(_Section):
     mode: Literal["colocate", "async"] = "colocate"  # colocate: one process, synchronous; async: Ray Serve roles
     max_staleness: int = Field(default=0, ge=0)  # S: a rollout for step k starts only while k - v_trained <= S
     off_policy_tis_cap: float | None = Field(default=2.0, gt=1)  # async, S >= 1, algorithm.tis_cap unset: IS cap
+    # async: "wait" trains step k on the groups launched for it (the slowest one included); "carry" trains it on the
+    # first groups that finish, and a straggler joins a later step while within S (relax_gym/trainer/carry.py)
+    stragglers: Literal["wait", "carry"] = "wait"
     steps: int = Field(default=150, ge=0)
     prompts_per_step: int = Field(default=16, ge=1)
     group_size: int = Field(default=8, ge=1)
@@ -190,6 +193,9 @@ class RelaxConfig(_Section):
         if self.trainer.mode == "colocate" and self.trainer.max_staleness != 0:
             raise ValueError(f"trainer.max_staleness={self.trainer.max_staleness} needs trainer.mode=async "
                              "(colocate is the synchronous baseline, S = 0)")
+        if self.trainer.mode == "colocate" and self.trainer.stragglers != "wait":
+            raise ValueError(f"trainer.stragglers={self.trainer.stragglers} needs trainer.mode=async (a colocate step "
+                             "always waits for its whole rollout)")
         if self.actor.backend == "megatron" and self.model.family != "qwen2_5_omni":
             raise ValueError(f"actor.backend=megatron runs the Qwen2.5-Omni thinker's decoder (model.family=qwen2_5_omni); "
                              f"model.family={self.model.family!r} has no Megatron conversion")

@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from relax_gym.trainer.bus_link import BusHost, BusLink
+from relax_gym.trainer.carry import CarryFeeder, CarrySlots, claim_slot
 from relax_gym.trainer.checkpoint import REFERENCE_DIR, CheckpointError, ResumePoint, eval_history, resume_point
 from relax_gym.trainer.config import RelaxConfig, RoleSection
 from relax_gym.trainer.engines.factory import weight_transport
@@ -92,9 +93,10 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def plan_roles(cfg: RelaxConfig, bus: Any, coordinator: Any, app_prefix: str, *, registry: Any = None,
-               resume_from: str | None = None) -> list[RoleSpec]:
+               resume_from: str | None = None, slots: Any = None) -> list[RoleSpec]:
     """The deployments of an async run, from the config (pure: no Ray calls). ``registry``: the replica registry
-    every role announces itself to; ``resume_from``: the checkpoint the actor starts from."""
+    every role announces itself to; ``resume_from``: the checkpoint the actor starts from; ``slots``: the run's
+    carry slots (``trainer.stragglers: carry``), given to the env workers."""
     t, roles = cfg.trainer, cfg.roles
     plain = cfg.model_dump(mode="json")
     per_step = t.prompts_per_step * t.group_size
@@ -105,7 +107,7 @@ def plan_roles(cfg: RelaxConfig, bus: Any, coordinator: Any, app_prefix: str, *,
                  {"coordinator": coordinator, "torch_threads": roles.inference.torch_threads}, roles.inference),
         RoleSpec("env_worker", "relax_gym.trainer.roles.env_worker:EnvWorkerRole", (plain, bus, f"{app_prefix}-inference"),
                  {"pool_size": _ceil_div(in_flight, workers), "eval_pool_size": _ceil_div(min(t.concurrency, t.eval_episodes), workers),
-                  "torch_threads": roles.env_worker.torch_threads}, roles.env_worker),
+                  "torch_threads": roles.env_worker.torch_threads, "slots": slots}, roles.env_worker),
         RoleSpec("advantages", "relax_gym.trainer.roles.advantages:AdvantagesRole", (plain["algorithm"], bus), {}, roles.advantages),
         RoleSpec("actor", "relax_gym.trainer.roles.actor:ActorRole", (plain, bus, coordinator),
                  {"torch_threads": roles.actor.torch_threads}, roles.actor),
@@ -183,6 +185,10 @@ class AsyncTrainer:
         self.base_version = 0
         self.produced: list[str] = []
         self.consumed: list[str] = []
+        self.placed: dict[str, int] = {}  # stragglers: carry — the partition each produced sample joined
+        self.discarded: list[str] = []  # stragglers: carry — samples too stale for any partition (never put)
+        self.carry_cursor = 0  # stragglers: carry — groups launched so far (the next launch number)
+        self.feeder: CarryFeeder | None = None
         self._restore_ledger()
         self._tq_owner: Any = None
         self._started_ray = False
@@ -207,7 +213,15 @@ class AsyncTrainer:
         self.actors.append(registry)
         self.supervisor = Supervisor(registry, budget=r.restart_budget, wait_s=r.replica_wait_s)
         resume_from = str(self.resume.path) if self.resume is not None and self.resume.path is not None else None
-        specs = plan_roles(self.cfg, link, coordinator, self.prefix, registry=registry, resume_from=resume_from)
+        self.slots = None
+        t = self.cfg.trainer
+        if t.stragglers == "carry":
+            first = self.resume.step if self.resume is not None else 0
+            self.slots = ray.remote(num_cpus=0)(CarrySlots).options(name=f"{self.prefix}-slots").remote(
+                t.prompts_per_step, t.max_staleness, first=first, end=t.steps)
+            self.actors.append(self.slots)
+        specs = plan_roles(self.cfg, link, coordinator, self.prefix, registry=registry, resume_from=resume_from,
+                           slots=self.slots)
         targets = []
         for spec in specs:
             s = spec.section
@@ -299,6 +313,12 @@ class AsyncTrainer:
         launched: dict[int, asyncio.Event] = {k: asyncio.Event() for k in range(first, t.steps)}
         rollouts: dict[int, asyncio.Task] = {}
         streams: dict[int, list[asyncio.Task]] = {}
+        if t.stragglers == "carry":
+            self.feeder = CarryFeeder(gate, groups_per_step=t.prompts_per_step, max_in_flight=self._groups_in_flight(),
+                                      first=first, end=t.steps, cursor=max(self.carry_cursor, first * t.prompts_per_step),
+                                      run_group=self._carried_group, seal=lambda j: self.bus.seal(j, self._rows_per_step()),
+                                      placed=self.placed, discarded=self.discarded, spawn=self._spawn)
+        feeder = self._spawn(self.feeder.run()) if self.feeder is not None else None
         launcher = self._spawn(self._launch(gate, launched, rollouts, streams, first))
         loop_start = time.perf_counter()
         previous = loop_start
@@ -312,6 +332,8 @@ class AsyncTrainer:
                     with_reference="reference" in self.handles, lr_decay_from=self.lr_gate.decay_from), f"step {k + 1}")
                 self.version = int(res["version"])
                 await gate.advance(k + 1)
+                if self.feeder is not None:
+                    self.feeder.poke()
                 roll = await rollouts.pop(k)
                 stream_answers = await asyncio.gather(*streams.pop(k))
                 await self.bus.drop_partition(k)
@@ -336,9 +358,11 @@ class AsyncTrainer:
         finally:
             await gate.close()
             launcher.cancel()
-            for task in self._side_tasks:
+            for task in self._side_tasks + ([feeder] if feeder is not None else []):
                 task.cancel()
-            await asyncio.gather(launcher, *self._side_tasks, return_exceptions=True)
+            await asyncio.gather(launcher, *self._side_tasks, *([feeder] if feeder is not None else []), return_exceptions=True)
+            if self.feeder is not None:
+                await self.feeder.stop()
             await self._abandon(rollouts, streams)
         loop_s = time.perf_counter() - loop_start
         dup = sum(n - 1 for n in Counter(self.consumed).values() if n > 1)
@@ -350,6 +374,7 @@ class AsyncTrainer:
             "data_wait_fraction_steady": _share(waits[t.max_staleness + 1 :]),  # once the pipeline is full
             "samples_produced": len(self.produced), "samples_consumed": len(self.consumed), "samples_duplicated": dup,
             "samples_unconsumed": len(set(self.produced) - set(self.consumed)), "policy_version": self.version,
+            "stragglers": t.stragglers, "samples_discarded_stale": len(self.discarded),
             **await self._recovery_figures(steps_done),
         })
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -367,7 +392,7 @@ class AsyncTrainer:
         for k in range(first, t.steps):
             await gate.wait_for(k)
             await self.bus.open_partition(k, expected_rows=n, group_size=t.group_size)
-            rollouts[k] = self._spawn(self._rollout(k))
+            rollouts[k] = self._spawn(self.feeder.rollout(k) if self.feeder is not None else self._rollout(k))
             calls = [self._stream("advantages", k, lambda k=k: self.handles["advantages"].process.remote(k, n, t.group_size))]
             if "reference" in self.handles:
                 calls.append(self._stream("reference", k, lambda k=k: self.handles["reference"].process.remote(k, n, self.reference_path)))
@@ -386,26 +411,49 @@ class AsyncTrainer:
         self.produced.extend(e["sample_id"] for e in episodes)
         return {"episodes": episodes, "time_rollout_s": time.perf_counter() - t0}
 
-    async def _group(self, k: int, group: int, seed: int) -> list[dict[str, Any]]:
+    def _groups_in_flight(self) -> int:
+        """Carry: groups kept running — colocate's per-step episode budget, S + 1 steps at once."""
         t = self.cfg.trainer
-        sids = [sample_id(k + 1, group, m) for m in range(t.group_size)]
+        return max(1, min(t.concurrency, self._rows_per_step()) * (t.max_staleness + 1) // t.group_size)
+
+    async def _carried_group(self, i: int, born: int) -> list[dict[str, Any]]:
+        """Launch number i of a carry run: the colocate trainer's prompt order (step i // P + 1, prompt i % P), its
+        sample ids; the group claims its partition when it ends."""
+        t = self.cfg.trainer
+        launch_step, prompt = divmod(i, t.prompts_per_step)
+        seed = t.seed * 10_000_019 + (launch_step + 1) * 1_000 + prompt
+        sids = [sample_id(launch_step + 1, prompt, m) for m in range(t.group_size)]
+        answers = await self._group(None, i, seed, sids=sids, born=born)
+        if answers and answers[0]["partition"] is not None:
+            self.produced.extend(sids)
+        return answers
+
+    async def _group(self, k: int | None, group: int, seed: int, *, sids: list[str] | None = None,
+                     born: int | None = None) -> list[dict[str, Any]]:
+        """One group on the env workers (re-sent on failure), its rows on partition k — or, for a carried group
+        (k None), on the partition it claims when it ends."""
+        t = self.cfg.trainer
+        sids = sids or [sample_id(k + 1, group, m) for m in range(t.group_size)]
+        what = f"step {k + 1} group {group}" if k is not None else f"group {sids[0][:-3]}"
         error: Exception | None = None
         for attempt in range(GROUP_ATTEMPTS):
             try:  # a replica dying under the call: the supervisor re-sends it once Serve has replaced the replica
                 return await self.supervisor.call("env_worker", lambda: self.handles["env_worker"].run_group.remote(
-                    k, group, [seed] * t.group_size, sids), f"step {k + 1} group {group}")
+                    k, group, [seed] * t.group_size, sids, born=born), what)
             except GlobalRestart:
                 raise
             except Exception as exc:  # noqa: BLE001 - the call itself failed: try again, then mask the group
                 error = exc
-                log.warning("step %d group %d: env worker call failed (attempt %d of %d): %s", k + 1, group, attempt + 1,
-                            GROUP_ATTEMPTS, exc)
+                log.warning("%s: env worker call failed (attempt %d of %d): %s", what, attempt + 1, GROUP_ATTEMPTS, exc)
         routing = routing_dims(self.cfg.model)
-        await self.bus.put(k, [masked_row(sid, group, seed, routing) for sid in sids])  # the step completes without them
-        self.given_up.extend(sids)
+        if k is None:  # carried: the masked rows take the slot the group would have claimed
+            k = await claim_slot(self.slots, sids[0], born)
+        if k is not None:
+            await self.bus.put(k, [masked_row(sid, group, seed, routing) for sid in sids])  # the step completes without them
+            self.given_up.extend(sids)
         return [{"sample_id": sid, "group_id": group, "reward": 0.0, "status": "env_error", "trainable": False, "accuracy": 0.0,
                  "format": 0.0, "completion_tokens": 0, "turns": 0, "tool_calls": 0, "error": f"{type(error).__name__}: {error}",
-                 "policy_versions": []} for sid in sids]
+                 "policy_versions": [], "partition": k} for sid in sids]
 
     async def _abandon(self, rollouts: dict[int, asyncio.Task], streams: dict[int, list[asyncio.Task]]) -> None:
         """A stopped run (time budget, failure): cancel the steps still in flight and drop their partitions (their
@@ -545,10 +593,14 @@ class AsyncTrainer:
         """The actor writes the checkpoint; the controller adds its sample ledger, the bus cursor and its clock.
         Rows of partitions after ``step`` are not saved: a resumed run regenerates them from their seeds, under
         the same sample ids."""
-        keep = lambda ids: [s for s in ids if sample_step(s) <= step]  # noqa: E731
+        keep = lambda ids: [s for s in ids if self._trained_at(s) <= step]  # noqa: E731
         extra = {"produced": keep(self.produced), "consumed": keep(self.consumed), "given_up": keep(self.given_up),
                  "bus": {"next_partition": step, "partitions_done": step}, "lr_gate": self.lr_gate.state(),
                  "elapsed_s": time.perf_counter() - getattr(self, "_start_time", time.perf_counter())}
+        if self.feeder is not None:  # carry: where each kept sample went, and the launch cursor (groups still
+            # running or placed after this step are not resumed: a resumed run launches from the cursor on)
+            extra["carry"] = {"cursor": self.feeder.cursor, "discarded": list(self.discarded),
+                              "placed": {sid: j for sid, j in self.placed.items() if j < step}}
         actor = self.handles["actor"]
         await self._actor(lambda: actor.checkpoint.remote(step, str(self.run_dir), extra), f"checkpoint {step}")
 
@@ -556,13 +608,23 @@ class AsyncTrainer:
         """The sample ledger as the checkpoint being resumed saved it (empty when starting over)."""
         state = self.resume.state if self.resume is not None else None
         extra = state.extra if state is not None else {}
-        dropped = [s for s in self.produced if state is None or sample_step(s) > state.step]
+        dropped = [s for s in self.produced if state is None or self._trained_at(s) > state.step]
         self.regenerated += len(dropped)
         self.produced = list(extra.get("produced", []))
         self.consumed = list(extra.get("consumed", []))
         self.given_up = list(extra.get("given_up", []))
+        carry = extra.get("carry", {})
+        self.placed = {sid: int(j) for sid, j in carry.get("placed", {}).items()}
+        self.discarded = list(carry.get("discarded", []))
+        self.carry_cursor = int(carry.get("cursor", 0))
         a = self.cfg.actor
         self.lr_gate = DecayGate.from_state(extra.get("lr_gate"), a.lr_hold_until_reward, a.lr_hold_window)  # when the lr decay starts
+
+    def _trained_at(self, sid: str) -> int:
+        """The step (from 1) that trains sample ``sid``: its launch step, or with carried stragglers the partition
+        it joined."""
+        j = self.placed.get(sid)
+        return j + 1 if j is not None else sample_step(sid)
 
     async def _global_restart(self, cause: GlobalRestart) -> None:
         """Level 2: tear the topology down and prepare to start it again from the latest checkpoint."""
@@ -624,8 +686,11 @@ class AsyncTrainer:
         if self.supervisor is not None:
             level1.update(await self.supervisor.restarts())
         t = self.cfg.trainer
-        expected = {sample_id(s, g, m) for s in range(1, steps_done + 1) for g in range(t.prompts_per_step)
-                    for m in range(t.group_size)}
+        if t.stragglers == "carry":  # the samples placed in the steps done
+            expected = {sid for sid, j in self.placed.items() if j < steps_done}
+        else:
+            expected = {sample_id(s, g, m) for s in range(1, steps_done + 1) for g in range(t.prompts_per_step)
+                        for m in range(t.group_size)}
         lost = expected - set(self.consumed) | (set(self.given_up) & expected)
         return {"restarts_level1": {r: n for r, n in sorted(level1.items()) if n}, "restarts_level2": self.level2,
                 "restarted_from_steps": list(self.restarted_from),

@@ -52,7 +52,7 @@ __all__ = [
 
 def make_bus(kind: Literal["inprocess", "transferqueue"], **kw: Any) -> DataBus:
     """Build a bus. ``inprocess`` takes ``lease_timeout`` and ``group_field``; ``transferqueue`` also ``scope``,
-    ``poll_min``/``poll_max`` and ``start=True`` to launch TransferQueue in the running Ray session (plus
+    ``recheck_s`` and ``start=True`` to launch TransferQueue in the running Ray session (plus
     ``storage_units``, ``loopback``, ``storage_capacity``; see :meth:`TransferQueueBus.start`)."""
     if kind == "inprocess":
         return InProcessBus(**kw)

@@ -104,7 +104,7 @@ class DataBus(Protocol):
 
     def stats(self) -> dict[str, float]:
         """This instance's counters: puts, rows (rows put), put_fields, fetches, fetched_rows, empty_fetches, acks,
-        acked_rows, given_back (rows), fetch_wait_s, polls."""
+        acked_rows, given_back (rows), fetch_wait_s, polls (readiness reads), waits (sleeps on a wake-up)."""
 
     async def close(self) -> None:
         """Release this instance's resources."""
@@ -554,6 +554,11 @@ class DeliveryLedger:
         deadlines = [v.deadline for v in self._leases.values() if v.deadline is not None]
         return min(deadlines) if deadlines else None
 
+    def seconds_to_next_deadline(self) -> float | None:
+        """How long until the next lease runs out (0 if one is overdue; None: no lease can run out)."""
+        deadline = self.next_deadline()
+        return None if deadline is None else max(0.0, deadline - self._clock())
+
     def progress(self, partition: int, task: str | None = None) -> dict[str, Any]:
         """Counts for one partition (and one task): rows, sealed, expected, acked, leased."""
         part = self._parts.get(partition)
@@ -604,7 +609,7 @@ class Stats:
     """Per-bus-instance counters behind ``DataBus.stats()``."""
 
     KEYS = ("puts", "rows", "put_fields", "fetches", "fetched_rows", "empty_fetches", "acks", "acked_rows",
-            "given_back", "fetch_wait_s", "polls")
+            "given_back", "fetch_wait_s", "polls", "waits")
 
     def __init__(self) -> None:
         self._v = dict.fromkeys(self.KEYS, 0.0)

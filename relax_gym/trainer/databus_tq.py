@@ -22,9 +22,10 @@ TransferQueue's limits and how the bus works around them:
   which would re-deliver rows that other live consumers still hold. The bus therefore never uses ``get_meta``'s
   consumption at all: the ledger leases rows individually and a give-back frees exactly those rows.
 - It has no way to wait for data: ``get_meta`` either sleeps 5 s inside the controller's single request thread
-  (blocking every other client) or, in polling mode, returns nothing. The bus polls the production status with an
-  exponential backoff (2 ms doubling to 50 ms by default) — the only place where the bus polls. The controller is
-  still started in polling mode so that any other TransferQueue user in the session cannot stall it.
+  (blocking every other client) or, in polling mode, returns nothing. So the bus does not ask TransferQueue to
+  wait: a fetch that finds nothing ready awaits the ledger actor, which every producer calls after its write lands
+  (:meth:`LedgerHost.wait_change`), and reads the production status again when woken. The controller is still
+  started in polling mode so that any other TransferQueue user in the session cannot stall it.
 - It has no tail batches and no groups by value (its group sampler assumes groups sit at consecutive indexes); the
   ledger provides both.
 - Its default start-up asks one CPU per actor (it hangs on a 2-CPU Ray node) and binds the node's address. ``start``
@@ -117,24 +118,73 @@ def _server_classes() -> tuple[type, type]:
     return Controller, StorageUnit
 
 
+_READ_ONLY = frozenset({"pick", "progress", "acked_ids", "next_deadline", "seconds_to_next_deadline"})  # ledger calls that change nothing a
+# waiting fetch could use (``pick`` leases rows, which only ever makes fewer fetchable)
+
+
 class LedgerHost:
     """Body of the ledger actor: one :class:`DeliveryLedger` per bus scope. Bus errors travel back as values so that
-    callers re-raise them with their own type and message (not wrapped in a Ray task error)."""
+    callers re-raise them with their own type and message (not wrapped in a Ray task error).
+
+    It also wakes waiting fetches. Each (scope, partition) has a change counter, bumped by every call that may make
+    rows fetchable: a put binds its rows after their data is in TransferQueue, ``touch`` follows a ``put_fields``,
+    and seals, give-backs, releases and drops change what a fetch may take. A fetch reads the counter before it reads
+    TransferQueue's production status, and when it gets nothing it awaits :meth:`wait_change` with that value,
+    which returns at once if anything changed in between. It is an asyncio actor: its methods run one at a time on
+    its event loop, so each ledger call stays atomic."""
 
     def __init__(self) -> None:
         self._ledgers: dict[str, DeliveryLedger] = {}
+        self._counters: dict[tuple[str, int], int] = {}
+        self._events: dict[tuple[str, int], asyncio.Event] = {}
 
-    def ping(self) -> bool:
+    async def ping(self) -> bool:
         return True
 
-    def call(self, scope: str, lease_timeout: float | None, method: str, args: tuple, kwargs: dict) -> tuple:
+    async def call(self, scope: str, lease_timeout: float | None, method: str, args: tuple, kwargs: dict) -> tuple:
         try:
             ledger = self._ledgers.get(scope)
             if ledger is None:
                 ledger = self._ledgers[scope] = DeliveryLedger(lease_timeout)
-            return ("ok", getattr(ledger, method)(*args, **kwargs))
+            result = None if method == "touch" else getattr(ledger, method)(*args, **kwargs)
         except DataBusError as exc:
             return ("err", type(exc).__name__, str(exc))
+        if method not in _READ_ONLY:
+            self._bump(scope, _partition_named(method, args, kwargs))
+        return ("ok", result)
+
+    async def wait_change(self, scope: str, partition: int, seen: int, timeout: float | None) -> int:
+        """The partition's change counter, once it differs from ``seen`` or after ``timeout`` seconds — or when the
+        scope's next lease runs out (its rows become fetchable without any call)."""
+        key = (scope, partition)
+        ledger = self._ledgers.get(scope)
+        left = ledger.seconds_to_next_deadline() if ledger is not None else None
+        if left is not None:
+            timeout = left if timeout is None else min(timeout, left)
+        if self._counters.get(key, 0) == seen:
+            event = self._events.setdefault(key, asyncio.Event())
+            try:
+                await asyncio.wait_for(event.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        return self._counters.get(key, 0)
+
+    def _bump(self, scope: str, partition: int | None) -> None:
+        keys = [(scope, partition)] if partition is not None else [k for k in self._counters if k[0] == scope]
+        for key in keys:
+            self._counters[key] = self._counters.get(key, 0) + 1
+            event = self._events.pop(key, None)
+            if event is not None:
+                event.set()
+
+
+def _partition_named(method: str, args: tuple, kwargs: dict) -> int | None:
+    """The partition a ledger call is about (None: every partition of the scope, e.g. a task released everywhere)."""
+    if method in ("ack", "give_back"):  # (lease_id, partition, task)
+        return args[1] if len(args) > 1 else kwargs.get("partition")
+    if method == "release_task":  # (task, partition=None)
+        return args[1] if len(args) > 1 else kwargs.get("partition")
+    return args[0] if args else kwargs.get("partition")
 
 
 class _System:
@@ -204,16 +254,19 @@ class TransferQueueBus(DataBus):
     the ledger that :meth:`start` launched in the Ray session); buses with different ``scope`` are independent.
 
     ``lease_timeout``: seconds a fetched batch may stay unacked before its rows become fetchable again (None: never;
-    fixed by the first bus of a scope). ``poll_min``/``poll_max``: the backoff of a waiting fetch."""
+    fixed by the first bus of a scope). ``recheck_s``: how long a waiting fetch sleeps on the ledger's wake-up
+    before it looks again anyway (a safety net: writes and lapsing leases wake it)."""
 
     def __init__(self, *, scope: str = "rollout", lease_timeout: float | None = 600.0, group_field: str = "group_id",
-                 poll_min: float = 0.002, poll_max: float = 0.05):
+                 recheck_s: float = 2.0):
         if not scope or "/" in scope:
             raise DataBusError(f"scope must be a non-empty name without '/', got {scope!r}")
         self.scope = scope
         self.lease_timeout = lease_timeout
         self.group_field = group_field
-        self.poll_min, self.poll_max = poll_min, poll_max
+        if not recheck_s > 0:
+            raise DataBusError(f"recheck_s must be > 0, got {recheck_s!r}")
+        self.recheck_s = recheck_s
         self._client: Any = None
         self._ledger_actor: Any = None
         self._connecting: asyncio.Lock | None = None
@@ -293,6 +346,7 @@ class TransferQueueBus(DataBus):
             raise DataBusError(f"partition {partition}: TransferQueue knows {meta.size} of the {len(ids)} rows "
                                f"put_fields names (was the partition dropped meanwhile?)")
         await client.async_put(self._tensordict(columns, len(ids)), metadata=meta)
+        await self._call("touch", partition)  # wakes the fetches waiting for these fields
         self._stats.add("put_fields")
 
     async def seal(self, partition: int, n_rows: int) -> None:
@@ -304,7 +358,7 @@ class TransferQueueBus(DataBus):
         client = await self._connect()
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
-        delay = self.poll_min
+        seen = await self._changes(partition, -1, 0)  # read before the production status: nothing slips between
         try:
             while True:
                 ready = await self._ready_indexes(client, partition, need)
@@ -316,8 +370,8 @@ class TransferQueueBus(DataBus):
                 if pick.verdict == EXHAUSTED or (deadline is not None and now >= deadline):
                     self._stats.add("empty_fetches")
                     return None
-                await asyncio.sleep(delay if deadline is None else min(delay, deadline - now))
-                delay = min(delay * 2, self.poll_max)
+                seen = await self._changes(partition, seen, self.recheck_s if deadline is None
+                                           else min(self.recheck_s, deadline - now))
         finally:
             self._stats.add("fetch_wait_s", time.monotonic() - start)
 
@@ -355,6 +409,13 @@ class TransferQueueBus(DataBus):
         from tensordict import TensorDict
 
         return TensorDict({name: _pack(values) for name, values in columns.items()}, batch_size=n)
+
+    async def _changes(self, partition: int, seen: int, timeout: float) -> int:
+        """The ledger's change counter of ``partition`` once it is not ``seen`` (or after ``timeout`` seconds)."""
+        await self._connect()
+        if seen >= 0:
+            self._stats.add("waits")
+        return await self._ledger_actor.wait_change.remote(self.scope, partition, seen, timeout)
 
     async def _ready_indexes(self, client: Any, partition: int, need: list[str]) -> list[int]:
         """Storage indexes of the rows that have every field in ``need`` (one controller request)."""

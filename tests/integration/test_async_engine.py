@@ -25,10 +25,12 @@ TINY = [f"trainer.steps={STEPS}", "trainer.sft_warmup_steps=1", "trainer.sft_bat
         "inference.max_new_tokens=8", "metrics.tensorboard=false", "trainer.mode=async"]
 
 
-@pytest.mark.parametrize("staleness, bus", [(0, "inprocess"), (2, "transferqueue")])
-def test_async_run_consumes_every_sample_once_within_the_staleness_bound(ray_session, tmp_path, staleness, bus):
+@pytest.mark.parametrize("staleness, bus, stragglers", [(0, "inprocess", "wait"), (2, "transferqueue", "wait"),
+                                                       (1, "transferqueue", "carry")])
+def test_async_run_consumes_every_sample_once_within_the_staleness_bound(ray_session, tmp_path, staleness, bus, stragglers):
     run_dir = tmp_path / "run"
-    args = ["train", str(RECIPE), *TINY, f"trainer.max_staleness={staleness}", f"roles.bus={bus}", "--run-dir", str(run_dir)]
+    args = ["train", str(RECIPE), *TINY, f"trainer.max_staleness={staleness}", f"roles.bus={bus}",
+            f"trainer.stragglers={stragglers}", "--run-dir", str(run_dir)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
 
@@ -36,6 +38,7 @@ def test_async_run_consumes_every_sample_once_within_the_staleness_bound(ray_ses
     assert summary["steps"] == STEPS and summary["mode"] == "async" and summary["max_staleness"] == staleness
     assert summary["samples_produced"] == summary["samples_consumed"] == STEPS * P * G
     assert summary["samples_duplicated"] == 0 and summary["samples_unconsumed"] == 0
+    assert summary["samples_lost"] == 0 and summary["stragglers"] == stragglers
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] >= 1]
@@ -47,7 +50,7 @@ def test_async_run_consumes_every_sample_once_within_the_staleness_bound(ray_ses
     assert versions == list(range(versions[0], versions[0] + STEPS)) and versions[0] == 2  # warm-up push, then +1
     assert all(r["trained_version"] == r["policy_version"] - 1 for r in steps)
     mins = [r["rollout_version_min"] for r in steps]
-    assert mins == sorted(mins) and mins[0] >= 1
+    assert mins[0] >= 1 and (stragglers == "carry" or mins == sorted(mins))  # carried groups land out of launch order
     assert all(0.0 <= r["data_wait_fraction"] <= 1.0 and "time_step_s" in r for r in steps)
     assert "eval_reward" in rows[-1] and any("eval_reward" in r for r in steps if r["step"] == 2)
     assert [r for r in rows if r["step"] < 0], "the SFT warm-up logs its steps"

@@ -6,6 +6,11 @@ as the colocate trainer (:func:`~relax_gym.trainer.rollout.run_episode`); the en
 reached with SGLang's protocol over deployment-handle calls. Every engine answer carries the weight version that
 produced it, and the row keeps them all (``policy_versions``, one per turn; ``policy_version`` is the oldest).
 
+With ``trainer.stragglers: carry`` the controller sends groups without a partition: the worker plays the group,
+then asks the run's :class:`~relax_gym.trainer.carry.CarrySlots` which partition it joins (the lowest with room,
+if the group is fresh enough) and puts it there; a group too stale for any is not put, and its answer says so
+(``partition`` None).
+
 The group is written with one ``put`` once all its episodes have ended: the advantages role needs whole groups,
 and a group re-sent after a replica failure then never leaves half a group (or a duplicate) on the bus. A failed
 episode (env or engine error, or anything unexpected around it) is written masked (``trainable`` False, loss
@@ -25,6 +30,7 @@ from dataclasses import asdict
 from typing import Any
 
 import relax_gym
+from relax_gym.trainer.carry import claim_slot
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.engines.client import AsyncEngineClient
 from relax_gym.trainer.engines.coalesce import CoalescingClient
@@ -61,8 +67,11 @@ class EnvWorkerRole:
     object, for in-process use); ``engine``: the inference deployment's app name, or an engine client."""
 
     def __init__(self, cfg: dict[str, Any], bus: Any, engine: Any, *, pool_size: int = 32, eval_pool_size: int = 16,
-                 torch_threads: int | None = None, registry: Any = None) -> None:
+                 torch_threads: int | None = None, registry: Any = None, slots: Any = None) -> None:
+        """``slots``: the run's :class:`~relax_gym.trainer.carry.CarrySlots` (its Ray actor handle, or the object
+        itself) when stragglers are carried; None otherwise."""
         setup_replica(torch_threads)
+        self._slots = slots
         self.cfg = RelaxConfig.model_validate(cfg)
         self.processor = build_processor_only(self.cfg.model)
         self.routing = routing_dims(self.cfg.model)  # MoE: record the routed experts of training episodes
@@ -149,20 +158,30 @@ class EnvWorkerRole:
             raise ValueError(f"the env worker injects sandbox_hang faults, not {kind!r}")
         SandboxHangs.arm(count)
 
-    async def run_group(self, partition: int, group: int, seeds: list[int], sample_ids: list[str]) -> list[dict[str, Any]]:
+    async def run_group(self, partition: int | None, group: int, seeds: list[int], sample_ids: list[str], *,
+                        born: int | None = None) -> list[dict[str, Any]]:
         """Play one prompt group (``seeds`` repeat the prompt's seed), put its rows on ``partition``, and answer
-        each episode's summary (reward, status, versions) for the controller's metrics."""
+        each episode's summary (reward, status, versions, and the partition it went to) for the controller.
+        ``partition`` None: carried stragglers — the group claims its partition once it has finished (``born``:
+        the steps trained when it was launched)."""
         if len(seeds) != len(sample_ids):
             raise ValueError(f"run_group: {len(seeds)} seeds for {len(sample_ids)} sample ids")
+        if partition is None and (self._slots is None or born is None):
+            raise ValueError("run_group without a partition needs the run's carry slots and the group's born step "
+                             "(trainer.stragglers=carry)")
         self._ready()
         played = await asyncio.gather(*(self._episode(self._train_pool, s, group, False) for s in seeds))
         rows = [trajectory_row(traj, sid, versions) for (traj, versions), sid in zip(played, sample_ids)]
-        try:
-            await self._bus.put(partition, rows)
-        except DuplicateRowError:  # a re-sent group whose first put landed before its replica died: those rows stay
-            log.warning("step partition %d group %d: already on the bus from an earlier attempt; keeping those rows",
-                        partition, group)
-        return [asdict(summary_of(traj, sid, versions)) for (traj, versions), sid in zip(played, sample_ids)]
+        if partition is None:
+            partition = await claim_slot(self._slots, sample_ids[0], born)
+        if partition is not None:
+            try:
+                await self._bus.put(partition, rows)
+            except DuplicateRowError:  # a re-sent group whose first put landed before its replica died: those rows stay
+                log.warning("step partition %d group %d: already on the bus from an earlier attempt; keeping those rows",
+                            partition, group)
+        return [{**asdict(summary_of(traj, sid, versions)), "partition": partition}
+                for (traj, versions), sid in zip(played, sample_ids)]
 
     async def evaluate(self, seeds: list[int]) -> list[dict[str, Any]]:
         """Greedy episodes on the eval split (nothing goes to the bus); one summary per seed."""
@@ -176,3 +195,4 @@ class EnvWorkerRole:
                 env.close()
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 pass
+
