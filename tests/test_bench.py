@@ -206,7 +206,8 @@ SAMPLES = {
         "engine": {"batch": 8, "new_tokens": 32, "plain_tok_s": 2589.0, "engine_tok_s": 2526.0, "http_tok_s": 1773.0,
                    "engine_over_plain": 0.98, "http_over_plain": 0.68}},
     "modes": {"modes": {m: {"steps": 4, "steps_per_hour": s, "speedup": s / 271, "eval_reward_end": 0.09,
-                            "data_wait_fraction": None} for m, s in (("colocate", 271.0), ("async S=0", 262.0), ("async S=2", 469.0))},
+                            "data_wait_fraction": None, **({"samples_discarded_stale": 24} if "carry" in m else {})}
+                        for m, s in (("colocate", 271.0), ("async S=0", 262.0), ("async S=2", 469.0), ("async S=2 carry", 650.0))},
               "targets": {"async S=2 >= 2x colocate steps/hour": False}, "workload": {"steps": 4}},
     "weight_sync": {"bucket_mb": 64.0, "repeats": 2, "bytes": 57671680, "model_mib": 55.0,
                     "floor": {"seconds": 0.02, "mib_per_s": 2700.0},
@@ -264,6 +265,8 @@ def test_specific_rows_carry_the_ratio_and_the_reason():
     modes = {r.figure: r for r in summarise("modes", SAMPLES["modes"]).rows}
     assert modes["target: async S=2 >= 2x colocate steps/hour"].value == "NOT met"
     assert "data wait n/a" in modes["steps/hour, colocate (4 steps)"].note
+    assert "24 samples discarded as stale" in modes["steps/hour, async S=2 carry (4 steps)"].note
+    assert "discarded" not in modes["steps/hour, async S=2 (4 steps)"].note
 
 
 def test_a_result_in_an_unexpected_shape_falls_back_to_its_raw_figures():

@@ -116,7 +116,8 @@ def modes(f: dict[str, Any]) -> Summary:
     w = f.get("workload", {})
     for mode, r in f["modes"].items():
         s.rows.append(Row(f"steps/hour, {mode} ({r['steps']} steps)", f"{r['steps_per_hour']:.0f}", times(r["speedup"]),
-                          f"x colocate; eval {num(r['eval_reward_end'], '.3f')}, data wait {_pct(r['data_wait_fraction'])}"))
+                          f"x colocate; eval {num(r['eval_reward_end'], '.3f')}, data wait {_pct(r['data_wait_fraction'])}"
+                          + (f", {r['samples_discarded_stale']} samples discarded as stale" if r.get("samples_discarded_stale") else "")))
     for target, met in f.get("targets", {}).items():
         s.rows.append(Row(f"target: {target}", "met" if met else "NOT met"))
     s.bars.append(Bars(f"trainer modes ({w.get('steps', '?')} steps, tool latency)", "RL steps per hour", list(f["modes"]),

@@ -49,24 +49,15 @@ MAX_MATH_ANSWER_CHARS = 2_000
 def math_answer(text: str, gold: str) -> float:
     """math-verify equivalence of the ``<answer>`` content (or the whole text) with ``gold``.
 
-    math-verify bounds its work with ``signal.alarm``, which only works in the main thread; env workers step
-    episodes in threads, so there the alarm is off and the answer length is capped instead (a wrong answer,
-    never an exception or a silent 0 for a right one)."""
-    import logging
-    import threading
-
-    from math_verify import parse, verify  # import cost (sympy) only for math envs
-
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every call made without the alarm
+    The comparison runs in a worker process with a hard time limit (:mod:`relax_gym.envs.math_grader`): an answer
+    that makes sympy compute for ever (``9^9^9``) is a wrong answer, never a hung episode. Answers longer than
+    ``MAX_MATH_ANSWER_CHARS`` are wrong without a comparison."""
+    from relax_gym.envs.math_grader import equivalent
 
     answer = extract_answer(text) or text
     if len(answer) > MAX_MATH_ANSWER_CHARS:
         return 0.0
-    limit = 5 if threading.current_thread() is threading.main_thread() else None
-    try:
-        return 1.0 if verify(parse(gold, parsing_timeout=limit), parse(answer, parsing_timeout=limit), timeout_seconds=limit) else 0.0
-    except Exception:  # math-verify raises on unparsable input: that is a wrong answer, not an error
-        return 0.0
+    return 1.0 if equivalent(gold, answer) else 0.0
 
 
 class MultipleChoiceReward(BaseModel):

@@ -81,3 +81,21 @@ def test_math_answer_works_in_worker_threads():
         results = list(pool.map(lambda g: math_answer(f"<answer>{g}</answer>", str(g)), range(8)))
     assert results == [1.0] * 8
     assert math_answer("<answer>" + "1+" * 2000 + "1</answer>", "2001") == 0.0
+
+
+def test_an_answer_that_computes_for_ever_is_wrong_not_a_hang():
+    """``9^9^9`` makes sympy build a 370-million-digit integer in one C call (no alarm stops it, the GIL is held):
+    the grader's worker is killed at its limit and the answer scores 0, from a worker thread too; the next
+    answer gets a fresh worker."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relax_gym.envs.math_grader import MathGrader
+
+    grader = MathGrader(timeout_s=3.0)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            assert pool.submit(grader.equivalent, "3", "9^9^9").result(timeout=60) is False
+        assert grader.killed == 1
+        assert grader.equivalent("0.5", "\\frac{1}{2}") is True and grader.killed == 1
+    finally:
+        grader.close()
