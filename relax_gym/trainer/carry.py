@@ -2,8 +2,8 @@
 
 With ``stragglers: wait`` (the default) the rollout of step k is a fixed set of prompt groups, and step k cannot
 train before the slowest of them ends: on a long-tail agentic workload one slow tool call holds the whole step.
-With ``carry`` the controller keeps a pool of groups running (``(S + 1) x prompts_per_step`` groups, launched in
-the colocate trainer's prompt order) and a group joins a step's partition when it *finishes*: the lowest partition
+With ``carry`` the controller keeps a pool of groups running (one step's worth, launched in the colocate trainer's
+prompt order, refilled as groups end) and a group joins a step's partition when it *finishes*: the lowest partition
 that still has a free slot. A group still running when that step is full simply lands in a later step; so the
 actor never waits for a straggler, only for the next groups to finish.
 

@@ -412,9 +412,11 @@ class AsyncTrainer:
         return {"episodes": episodes, "time_rollout_s": time.perf_counter() - t0}
 
     def _groups_in_flight(self) -> int:
-        """Carry: groups kept running — colocate's per-step episode budget, S + 1 steps at once."""
+        """Carry: groups kept running — colocate's per-step budget of episodes (``trainer.concurrency``, at most a
+        step's worth), refilled as groups end. Not S + 1 steps' worth: every running group competes for the same
+        engine, and a deeper queue makes each group slower, so more of them end too stale (docs/benchmarks.md)."""
         t = self.cfg.trainer
-        return max(1, min(t.concurrency, self._rows_per_step()) * (t.max_staleness + 1) // t.group_size)
+        return max(1, min(t.concurrency, self._rows_per_step()) // t.group_size)
 
     async def _carried_group(self, i: int, born: int) -> list[dict[str, Any]]:
         """Launch number i of a carry run: the colocate trainer's prompt order (step i // P + 1, prompt i % P), its
