@@ -100,7 +100,9 @@ def plan_roles(cfg: RelaxConfig, bus: Any, coordinator: Any, app_prefix: str, *,
     t, roles = cfg.trainer, cfg.roles
     plain = cfg.model_dump(mode="json")
     per_step = t.prompts_per_step * t.group_size
-    in_flight = min(t.concurrency, per_step) * (t.max_staleness + 1)  # colocate's per-step budget, S + 1 steps at once
+    in_flight = min(t.concurrency, per_step)  # colocate's per-step budget: all that carried stragglers keep running
+    if t.stragglers == "wait":
+        in_flight *= t.max_staleness + 1  # S + 1 steps at once
     workers = roles.env_worker.replicas
     specs = [
         RoleSpec("inference", "relax_gym.trainer.roles.inference:InferenceRole", (plain["model"], plain["inference"]),
