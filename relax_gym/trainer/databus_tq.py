@@ -118,17 +118,19 @@ def _server_classes() -> tuple[type, type]:
     return Controller, StorageUnit
 
 
-_READ_ONLY = frozenset({"pick", "progress", "acked_ids", "next_deadline", "seconds_to_next_deadline"})  # ledger calls that change nothing a
-# waiting fetch could use (``pick`` leases rows, which only ever makes fewer fetchable)
+# the ledger calls after which a waiting fetch may find something new (the twin notifies on the same events): a
+# partition declared, rows whose data has landed (``bind`` after a put, ``touch`` after a put_fields), a seal, rows
+# given back, a partition dropped. ``register`` and ``add_fields`` come before the data, ``ack`` frees nothing.
+_WAKES = frozenset({"open", "bind", "touch", "seal", "give_back", "release_task", "drop"})
 
 
 class LedgerHost:
     """Body of the ledger actor: one :class:`DeliveryLedger` per bus scope. Bus errors travel back as values so that
     callers re-raise them with their own type and message (not wrapped in a Ray task error).
 
-    It also wakes waiting fetches. Each (scope, partition) has a change counter, bumped by every call that may make
-    rows fetchable: a put binds its rows after their data is in TransferQueue, ``touch`` follows a ``put_fields``,
-    and seals, give-backs, releases and drops change what a fetch may take. A fetch reads the counter before it reads
+    It also wakes waiting fetches. Each (scope, partition) has a change counter, bumped by the calls that may make
+    rows fetchable (:data:`_WAKES`): a put binds its rows after their data is in TransferQueue, ``touch`` follows a
+    ``put_fields``, and opens, seals, give-backs, releases and drops change what a fetch may take. A fetch reads the counter before it reads
     TransferQueue's production status, and when it gets nothing it awaits :meth:`wait_change` with that value,
     which returns at once if anything changed in between. It is an asyncio actor: its methods run one at a time on
     its event loop, so each ledger call stays atomic."""
@@ -149,7 +151,7 @@ class LedgerHost:
             result = None if method == "touch" else getattr(ledger, method)(*args, **kwargs)
         except DataBusError as exc:
             return ("err", type(exc).__name__, str(exc))
-        if method not in _READ_ONLY:
+        if method in _WAKES:
             self._bump(scope, _partition_named(method, args, kwargs))
         return ("ok", result)
 
@@ -180,7 +182,7 @@ class LedgerHost:
 
 def _partition_named(method: str, args: tuple, kwargs: dict) -> int | None:
     """The partition a ledger call is about (None: every partition of the scope, e.g. a task released everywhere)."""
-    if method in ("ack", "give_back"):  # (lease_id, partition, task)
+    if method == "give_back":  # (lease_id, partition, task)
         return args[1] if len(args) > 1 else kwargs.get("partition")
     if method == "release_task":  # (task, partition=None)
         return args[1] if len(args) > 1 else kwargs.get("partition")
