@@ -358,7 +358,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         path = urlsplit(self.path).path.rstrip("/") or "/"
         try:
-            raw = self._read_raw_body()  # an _HTTPError here leaves part of the body on the wire: close after
+            try:
+                raw = self._read_body()
+            except _HTTPError:
+                self.close_connection = True  # the rest of the body may still be on the wire
+                raise
             body = _parse_json(raw)  # the body was read in full: the connection stays usable
             response = self.server_ref.dispatch(method, path, body, self.headers)
             payload = _encode(response)
@@ -387,14 +391,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             logger.exception("sending the response failed")
 
-    def _read_raw_body(self) -> bytes:
-        try:
-            return self._read_body_bytes()
-        except _HTTPError:
-            self.close_connection = True  # the rest of the body may still be on the wire
-            raise
-
-    def _read_body_bytes(self) -> bytes:
+    def _read_body(self) -> bytes:
         length = self.headers.get("Content-Length")
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             raw = self._read_chunked()
