@@ -360,7 +360,7 @@ class TransferQueueBus(DataBus):
         client = await self._connect()
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
-        seen = await self._changes(partition, -1, 0)  # read before the production status: nothing slips between
+        seen: int | None = None  # the ledger's change counter, read once the first look found nothing
         try:
             while True:
                 ready = await self._ready_indexes(client, partition, need)
@@ -372,6 +372,9 @@ class TransferQueueBus(DataBus):
                 if pick.verdict == EXHAUSTED or (deadline is not None and now >= deadline):
                     self._stats.add("empty_fetches")
                     return None
+                if seen is None:  # read the counter, then look once more: a write that landed after the first
+                    seen = await self._changes(partition, -1, 0)  # look shows now, any later one bumps the counter
+                    continue
                 seen = await self._changes(partition, seen, self.recheck_s if deadline is None
                                            else min(self.recheck_s, deadline - now))
         finally:
