@@ -118,8 +118,8 @@ def ensure_prior(base: Path, arm_env: dict[str, tuple[str, dict[str, Any]]], ste
     import torch
 
     import relax_gym
-    from relax_gym.trainer.actor_hf import HFActor
-    from relax_gym.trainer.demonstrations import demonstration
+    from relax_gym.trainer.actors.hf import HFActor
+    from relax_gym.trainer.run.warmup import demonstration
     from relax_gym.trainer.policy import PolicyConfig, build_policy, save_policy
 
     spec = {"base": str(base), "envs": arm_env, "steps": steps, "seed": seed, "batch": batch, "lr": lr}
@@ -194,7 +194,7 @@ def watched_frames(action_text: str, native_fps: float, duration_s: float) -> se
 async def _coverage(trainer, cfg, n: int) -> dict[str, float]:
     import relax_gym
     from relax_gym.trainer.engines.coalesce import CoalescingClient
-    from relax_gym.trainer.rollout import run_episode
+    from relax_gym.trainer.rollout.episode import run_episode
 
     raw = trainer.engine_host.async_client()
     client = CoalescingClient(raw, max_batch=cfg.inference.max_batch)

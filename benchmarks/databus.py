@@ -93,7 +93,7 @@ async def _empty_latency(client, bus, tries: int) -> tuple[float, float]:
 
 
 async def _measure(n_rows: int, batch: int, reps: int) -> dict:
-    from relax_gym.trainer.databus_tq import TransferQueueBus, tq_client
+    from relax_gym.trainer.databus.tq import TransferQueueBus, tq_client
 
     owner = await asyncio.to_thread(TransferQueueBus.start, scope=f"bench-{uuid.uuid4().hex[:6]}")
     client = await asyncio.to_thread(tq_client)

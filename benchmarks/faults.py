@@ -44,7 +44,7 @@ def fault_plan(steps: int) -> str:
 
 
 def run_once(overrides: list[str], run_dir: Path) -> dict[str, Any]:
-    from relax_gym.trainer.controller import AsyncTrainer
+    from relax_gym.trainer.async_engine.controller import AsyncTrainer
 
     cfg = load_recipe(RECIPE, overrides)
     shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends: a rerun must not mix with an old run
@@ -73,7 +73,7 @@ def run_once(overrides: list[str], run_dir: Path) -> dict[str, Any]:
 def run(quick: bool = False, *, steps: int | None = None) -> dict[str, Any]:
     """Clean run, then the faulted run, on one Ray instance; returns both and the wall-time ratio."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from relax_gym.trainer.controller import ensure_ray
+    from relax_gym.trainer.async_engine.controller import ensure_ray
 
     steps = steps or (6 if quick else 12)
     if steps < 6:

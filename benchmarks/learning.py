@@ -47,7 +47,7 @@ def run(quick: bool = False, *, recipe: str = "recipes/cpu-nextqa.yaml", seeds: 
     """Train ``recipe`` once per seed and measure the engine's throughput. Returns ``{"recipe", "quick",
     "overrides", "seeds": [{"seed", "steps", "minutes", "eval_reward_start", "eval_reward_end", "gain",
     "eval_accuracy_end", "best_eval_reward", "best_step", "run_dir"}], "engine": {...}}`` (``engine``: what
-    :func:`relax_gym.trainer.engines.bench.run` returns)."""
+    :func:`relax_gym.trainer.tools.engine_bench.run` returns)."""
     seeds = seeds if seeds is not None else ([0] if quick else [0, 1])
     overrides = [*(QUICK_OVERRIDES if quick else []), *overrides]
     rows = []

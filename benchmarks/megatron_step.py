@@ -27,7 +27,7 @@ def _batch(processor: Any, n: int) -> list[Any]:
     import numpy as np
 
     import relax_gym
-    from relax_gym.trainer.demonstrations import demonstration
+    from relax_gym.trainer.run.warmup import demonstration
 
     env = relax_gym.make("nextqa-video", split="train", video={"fps": 4.0, "max_frames": 8, "min_frames": 8})
     rng = np.random.default_rng(0)
@@ -40,9 +40,9 @@ def _batch(processor: Any, n: int) -> list[Any]:
 def run(quick: bool = False, *, repeats: int | None = None) -> dict[str, Any]:
     import torch
 
-    from relax_gym.trainer.actor_hf import HFActor
+    from relax_gym.trainer.actors.hf import HFActor
     from relax_gym.trainer.policy import build_policy
-    from relax_gym.trainer.policy.megatron import MegatronActor
+    from relax_gym.trainer.actors.megatron.actor import MegatronActor
 
     repeats = repeats or (3 if quick else 8)
     batch_size = 8 if quick else 16

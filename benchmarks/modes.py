@@ -58,8 +58,8 @@ def warm_start(seed: int, sft_steps: int, out: Path, demos: int = 64) -> Path:
     import torch
 
     import relax_gym
-    from relax_gym.trainer.actor_hf import HFActor
-    from relax_gym.trainer.demonstrations import demonstration
+    from relax_gym.trainer.actors.hf import HFActor
+    from relax_gym.trainer.run.warmup import demonstration
     from relax_gym.trainer.policy import build_policy, save_policy
 
     target = out / "warm-policy"
@@ -82,7 +82,7 @@ def warm_start(seed: int, sft_steps: int, out: Path, demos: int = 64) -> Path:
 
 def run_mode(mode: str, overrides: list[str], run_dir: Path) -> dict[str, Any]:
     from relax_gym.trainer.colocate import ColocateTrainer
-    from relax_gym.trainer.controller import AsyncTrainer
+    from relax_gym.trainer.async_engine.controller import AsyncTrainer
 
     cfg = load_recipe(RECIPE, overrides + MODES[mode])
     shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends: a rerun must not mix with an old run

@@ -43,7 +43,7 @@ def _rollouts(cfg: Any, engine: Any, processor: Any, n: int, routed: bool) -> tu
     from relax_gym.trainer.engines.coalesce import CoalescingClient
     from relax_gym.trainer.engines.http_server import serve
     from relax_gym.trainer.policy.moe import routing_dims
-    from relax_gym.trainer.rollout import run_episode
+    from relax_gym.trainer.rollout.episode import run_episode
 
     server = serve(engine, port=0)
     envs = [relax_gym.make(cfg.env.id, **cfg.env.kwargs) for _ in range(n)]
@@ -74,7 +74,7 @@ def cost(quick: bool) -> dict[str, Any]:
     """Part 1: recording and replay cost, interleaved in one process."""
     import torch
 
-    from relax_gym.trainer.actor_hf import HFActor
+    from relax_gym.trainer.actors.hf import HFActor
     from relax_gym.trainer.config import load_recipe
     from relax_gym.trainer.engines.embedded import EmbeddedEngine
     from relax_gym.trainer.policy import build_policy
@@ -129,7 +129,7 @@ def cost(quick: bool) -> dict[str, Any]:
 def async_run(replay: bool, steps: int, run_dir: Path) -> dict[str, Any]:
     """Part 2: one async S=2 run; mismatch and step time from its metrics."""
     from relax_gym.trainer.config import load_recipe
-    from relax_gym.trainer.controller import AsyncTrainer
+    from relax_gym.trainer.async_engine.controller import AsyncTrainer
 
     overrides = ["trainer.mode=async", "trainer.max_staleness=2", f"trainer.steps={steps}", "trainer.prompts_per_step=8",
                  "trainer.group_size=4", "trainer.sft_warmup_steps=10", "trainer.sft_batch_size=16",

@@ -18,8 +18,18 @@ envs_app = typer.Typer(help="List, inspect, check and play environments.", no_ar
 app.add_typer(envs_app, name="envs")
 sandbox_app = typer.Typer(help="Sandboxes for tool code: build the base image, diagnose backends.", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+
+
+class _Console(Console):
+    """A rich console that wraps text only on a terminal: sent to a pipe or a log, a line stays one line (a long
+    path in an error message must not be split where a reader, or a grep, would miss it)."""
+
+    def print(self, *objects: Any, soft_wrap: bool | None = None, **kwargs: Any) -> None:
+        super().print(*objects, soft_wrap=(not self.is_terminal) if soft_wrap is None else soft_wrap, **kwargs)
+
+
+console = _Console(highlight=False)
+err_console = _Console(stderr=True, highlight=False)
 
 
 class Policy(StrEnum):
@@ -264,8 +274,8 @@ def train(
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from relax_gym.trainer.colocate import ColocateTrainer
     from relax_gym.trainer.config import ConfigError, load_recipe
+    from relax_gym.trainer.train import build_trainer
 
     overrides = list(overrides or [])
     if resume is not None:
@@ -301,16 +311,11 @@ def train(
                     f"reward {data['reward_mean']:.3f} eval {data['eval_reward']:.3f} "
                     f"{data['time_step_s']:.1f} s/step {data['rollout_tokens_per_s']:.0f} tok/s"))
 
-        from relax_gym.trainer.checkpoint import CheckpointError
-        from relax_gym.trainer.faults import InjectedCrash
+        from relax_gym.trainer.run.checkpoint import CheckpointError
+        from relax_gym.trainer.faults.schedule import InjectedCrash
 
         try:
-            if cfg.trainer.mode == "async":
-                from relax_gym.trainer.controller import AsyncTrainer
-
-                trainer = AsyncTrainer(cfg, run_dir, progress=on_event, resume=resume is not None)
-            else:
-                trainer = ColocateTrainer(cfg, run_dir, progress=on_event, resume=resume is not None)
+            trainer = build_trainer(cfg, run_dir, progress=on_event, resume=resume is not None)
         except CheckpointError as exc:
             raise _fail(str(exc), 2) from None
         try:
@@ -326,7 +331,7 @@ def train(
 @app.command("plot")
 def plot(run_dir: Path) -> None:
     """Draw reward and timing curves of a run (PNG files in the run directory)."""
-    from relax_gym.trainer.plot import plot_run
+    from relax_gym.trainer.run.plot import plot_run
 
     try:
         written = plot_run(run_dir)

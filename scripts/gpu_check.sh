@@ -14,9 +14,9 @@
 # Checks (one JSON line each in OUT/gpu_check.jsonl; logs in OUT/<check>.log):
 #   env       interpreter, torch / CUDA / GPU, transformers, triton, megatron-core versions
 #   install   the offline install (GPU run, or a dry run with --wheelhouse)
-#   megatron  python -m relax_gym.trainer.policy.megatron_check --device cuda --steps N: HF vs Megatron token
+#   megatron  python -m relax_gym.trainer.tools.megatron_check --device cuda --steps N: HF vs Megatron token
 #             log-probs (fp32, max abs diff <= 1e-4), bit-exact HF <-> Megatron conversion, N training steps
-#   dcs       python -m relax_gym.trainer.dcs.transport_check --device cuda: a DCS push over nccl between two
+#   dcs       python -m relax_gym.trainer.tools.transport_check --device cuda: a DCS push over nccl between two
 #             processes (two pushes, SHA-256 per tensor equal), and our weight-update group meeting an end built
 #             the way SGLang builds its own
 #   summary   every check's ok and the wall time; OUT/gpu-results.md holds the same as a table
@@ -148,8 +148,8 @@ fi
 
 # -- the checks -----------------------------------------------------------------------------------------------------
 if tail -n 1 "$RESULTS" | grep -q '"ok": true'; then
-  run_check megatron 240 "$PY" -m relax_gym.trainer.policy.megatron_check --device "$DEVICE" --steps "$STEPS"
-  run_check dcs 180 "$PY" -m relax_gym.trainer.dcs.transport_check --device "$DEVICE" --timeout-s 150
+  run_check megatron 240 "$PY" -m relax_gym.trainer.tools.megatron_check --device "$DEVICE" --steps "$STEPS"
+  run_check dcs 180 "$PY" -m relax_gym.trainer.tools.transport_check --device "$DEVICE" --timeout-s 150
 else  # without relax-gym installed the checks would only fail on imports
   for name in megatron dcs; do
     echo "{\"check\": \"$name\", \"ok\": false, \"skipped\": \"the install failed\", \"rc\": 1}" >> "$RESULTS"

@@ -115,3 +115,14 @@ def test_envs_list_prints_manifest_errors_verbatim(tmp_path, monkeypatch):
         registry.discover(force=True)
     assert result.exit_code == 1
     assert "give either entry_point or a [dataset] table" in " ".join(result.output.split())
+
+
+def test_errors_sent_to_a_pipe_are_not_wrapped(tmp_path):
+    """An error naming a long path stays one line when the output is not a terminal (a log, `tee`, a pipe):
+    rich used to wrap it at 80 columns, splitting "no config.json" across lines."""
+    deep = tmp_path / ("a-rather-long-folder-name-" * 6) / "run"
+    deep.mkdir(parents=True)
+    result = runner.invoke(app, ["train", "--resume", str(deep)])
+    assert result.exit_code == 2
+    line = f"error: --resume {deep}: no config.json there, so not a relax-gym run directory"
+    assert line in result.output.splitlines(), result.output

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax_gym.trainer.databus_core import (
+from relax_gym.trainer.databus.core import (
     BATCH,
     EXHAUSTED,
     WAIT,

@@ -176,7 +176,7 @@ def test_transferqueue_servers_are_told_to_bind_loopback():
     address they ask Ray for is 127.0.0.1; outside it, Ray's own answer is back."""
     import ray.util
 
-    from relax_gym.trainer.databus_tq import LOOPBACK, _node_ip
+    from relax_gym.trainer.databus.tq import LOOPBACK, _node_ip
 
     original = ray.util.get_node_ip_address
     assert LOOPBACK == "127.0.0.1"
@@ -195,7 +195,7 @@ class _Stop(Exception):
 def test_serve_starts_without_its_http_proxy(monkeypatch):
     from ray import serve
 
-    from relax_gym.trainer.controller import AsyncTrainer
+    from relax_gym.trainer.async_engine.controller import AsyncTrainer
 
     seen: dict = {}
 
@@ -231,7 +231,7 @@ def test_library_never_turns_ray_auth_off(monkeypatch):
     assert not offenders, f"RAY_AUTH_MODE set outside tests/benchmarks: {offenders}"
 
     from relax_gym.trainer.config import RelaxConfig
-    from relax_gym.trainer.controller import ensure_ray
+    from relax_gym.trainer.async_engine.controller import ensure_ray
 
     calls: list[dict] = []
     fake_ray = types.SimpleNamespace(is_initialized=lambda: False, init=lambda **kw: calls.append(kw))

@@ -22,23 +22,23 @@ import numpy as np
 import torch
 
 import relax_gym
-from relax_gym.trainer.actor_factory import build_actor
-from relax_gym.trainer.actor_hf import HFActor
+from relax_gym.trainer.actors.factory import build_actor
+from relax_gym.trainer.actors.hf import HFActor
 from relax_gym.trainer.algorithms import group_advantages, identical_reward_groups, zero_advantage_share
-from relax_gym.trainer.checkpoint import (TrainerState, capture_rng, data_cursor, eval_history, load_checkpoint,
+from relax_gym.trainer.run.checkpoint import (TrainerState, capture_rng, data_cursor, eval_history, load_checkpoint,
                                           reference_model, restore_rng, resume_point, save_checkpoint)
 from relax_gym.trainer.config import RelaxConfig
-from relax_gym.trainer.demonstrations import warmup_batches
+from relax_gym.trainer.run.warmup import warmup_batches
 from relax_gym.trainer.dcs.names import checkpoint_names
 from relax_gym.trainer.engines.coalesce import CoalescingClient
 from relax_gym.trainer.engines.factory import start_engine
-from relax_gym.trainer.fault_hooks import LocalFaults
-from relax_gym.trainer.faults import FaultSchedule
-from relax_gym.trainer.lr_schedule import DecayGate, decayed_fraction, lr_at, progress
-from relax_gym.trainer.metrics import MetricsWriter
+from relax_gym.trainer.faults.hooks import LocalFaults
+from relax_gym.trainer.faults.schedule import FaultSchedule
+from relax_gym.trainer.run.lr_schedule import DecayGate, decayed_fraction, lr_at, progress
+from relax_gym.trainer.run.metrics import MetricsWriter
 from relax_gym.trainer.policy import build_policy
 from relax_gym.trainer.policy.moe import routing_dims
-from relax_gym.trainer.rollout import Trajectory, run_episode
+from relax_gym.trainer.rollout.episode import Trajectory, run_episode
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ class ColocateTrainer:
 
     def checkpoint(self, step: int) -> Path:
         """``checkpoints/step_NNNNNN/``: the actor's model and optimizer (hf: save_pretrained; megatron:
-        dist_checkpointing) and the trainer state (:mod:`~relax_gym.trainer.checkpoint`)."""
+        dist_checkpointing) and the trainer state (:mod:`~relax_gym.trainer.run.checkpoint`)."""
         elapsed = time.perf_counter() - getattr(self, "_clock_start", time.perf_counter())
         state = TrainerState(step=step, version=self.version, cursor=data_cursor(self.cfg.trainer, step),
                              rng=capture_rng(self.rng), elapsed_s=elapsed,

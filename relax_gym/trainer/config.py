@@ -6,7 +6,7 @@ Sections: ``model`` (the policy), ``env`` (which env, its kwargs for training an
 (GRPO / DAPO / GSPO / SFT and their knobs), ``inference`` (engine and sampling), ``actor`` (optimiser), ``trainer``
 (loop shape: steps, group sizes, evaluation, checkpoints, ``mode: colocate|async`` and ``max_staleness``), ``roles``
 (the async engine's deployments: replicas and CPU share per role, which data bus, recovery budgets), ``faults``
-(what to break and when, :mod:`~relax_gym.trainer.faults`), ``metrics``. Every model forbids
+(what to break and when, :mod:`~relax_gym.trainer.faults.schedule`), ``metrics``. Every model forbids
 unknown keys, so a typo is an error naming the key. Values that name parts not built are refused by the schema
 rather than silently ignored. ``actor.backend: megatron`` trains the policy's language decoder as a megatron-core
 GPTModel (``actor.tensor_parallel_size`` & co.; 1 on a CPU). ``inference.engine: sglang``
@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from relax_gym.trainer.algorithms import AlgorithmConfig
 from relax_gym.trainer.config_loader import ConfigError, load_config
-from relax_gym.trainer.faults import FaultsSection
-from relax_gym.trainer.lr_schedule import LRSchedule
+from relax_gym.trainer.faults.schedule import FaultsSection
+from relax_gym.trainer.run.lr_schedule import LRSchedule
 from relax_gym.trainer.policy import PolicyConfig
 
 __all__ = ["ConfigError", "RelaxConfig", "load_recipe"]
@@ -76,7 +76,7 @@ class InferenceSection(_Section):
 
 
 class ActorSection(_Section):
-    # hf: plain torch; megatron: megatron-core's GPTModel as the policy's language decoder (relax_gym/trainer/policy/megatron.py)
+    # hf: plain torch; megatron: megatron-core's GPTModel as the policy's language decoder (relax_gym/trainer/actors/megatron/actor.py)
     backend: Literal["hf", "megatron"] = "hf"
     tensor_parallel_size: int = Field(default=1, ge=1)  # megatron only; above 1 needs GPUs and a multi-process launch
     pipeline_parallel_size: int = Field(default=1, ge=1)
@@ -85,7 +85,7 @@ class ActorSection(_Section):
     lr_schedule: LRSchedule = "constant"  # RL phase: decay to min_lr_ratio * lr over the run (steps or time budget)
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
     # hold the peak lr until the mean training reward of the last lr_hold_window steps exceeds this, then decay over
-    # what remains of the run (None: decay from the first step); see relax_gym/trainer/lr_schedule.py
+    # what remains of the run (None: decay from the first step); see relax_gym/trainer/run/lr_schedule.py
     lr_hold_until_reward: float | None = None
     lr_hold_window: int = Field(default=50, ge=1)
     betas: tuple[float, float] = (0.9, 0.99)
@@ -114,7 +114,7 @@ class TrainerSection(_Section):
     max_staleness: int = Field(default=0, ge=0)  # S: a rollout for step k starts only while k - v_trained <= S
     off_policy_tis_cap: float | None = Field(default=2.0, gt=1)  # async, S >= 1, algorithm.tis_cap unset: IS cap
     # async: "wait" trains step k on the groups launched for it (the slowest one included); "carry" trains it on the
-    # first groups that finish, and a straggler joins a later step while within S (relax_gym/trainer/carry.py)
+    # first groups that finish, and a straggler joins a later step while within S (relax_gym/trainer/async_engine/carry.py)
     stragglers: Literal["wait", "carry"] = "wait"
     steps: int = Field(default=150, ge=0)
     prompts_per_step: int = Field(default=16, ge=1)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import relax_gym
 from relax_gym.cli import app
-from relax_gym.trainer.demonstrations import demonstration
+from relax_gym.trainer.run.warmup import demonstration
 from relax_gym.trainer.policy import PolicyConfig, build_policy
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa-agent.yaml"

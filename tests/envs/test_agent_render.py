@@ -16,7 +16,7 @@ import relax_gym
 from relax_gym.omni.render import extend, render
 from relax_gym.trainer.policy import PolicyConfig, build_policy
 from relax_gym.trainer.policy.processor import MEDIA_KEYS
-from relax_gym.trainer.rollout import run_episode
+from relax_gym.trainer.rollout.episode import run_episode
 
 CASES = [
     ("nextqa-video-agent", {}),

@@ -5,8 +5,9 @@ raises exactly the error type it documents, with a message that points at the cu
 the line, the override). Anything else -- a ``TypeError``, a ``RecursionError``, a bare ``OSError`` from deep
 inside a library -- escapes :func:`failure_of` untouched, so hypothesis reports it and shrinks the input.
 
-Hangs are caught twice: hypothesis' per-example ``deadline`` flags a slow example, and ``pytest-timeout`` (the
-``timeout`` marker on each module) stops a test that never returns.
+Hangs are caught by ``pytest-timeout`` (the ``timeout`` marker on each module), which stops a test that never
+returns. Hypothesis' per-example ``deadline`` is off: it measures wall time, so a busy machine (another job beside
+the suite) failed examples that were merely slow (8.4 s against a 5 s deadline), and no test may depend on load.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ E = TypeVar("E", bound=BaseException)
 # Modest budgets: the whole fuzz suite must stay well under a minute on two cores. RELAX_GYM_FUZZ_SCALE=20 (say)
 # multiplies the number of examples for a longer hunt.
 SCALE = float(os.environ.get("RELAX_GYM_FUZZ_SCALE", "1"))
-PARSE = settings(max_examples=max(1, int(120 * SCALE)), deadline=5_000, database=None, derandomize=False,
+PARSE = settings(max_examples=max(1, int(120 * SCALE)), deadline=None, database=None, derandomize=False,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
-DECODE = settings(max_examples=max(1, int(60 * SCALE)), deadline=20_000, database=None,
+DECODE = settings(max_examples=max(1, int(60 * SCALE)), deadline=None, database=None,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
 
 # Text without lone surrogates (they cannot be written to a UTF-8 file at all, so no real file holds them).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from relax_gym.trainer.fault_hooks import SandboxHangs
+from relax_gym.trainer.faults.hooks import SandboxHangs
 
 from .conftest import run
 

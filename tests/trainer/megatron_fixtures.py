@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from relax_gym.trainer.policy import build_policy
-from relax_gym.trainer.policy.megatron import MegatronActor
+from relax_gym.trainer.actors.megatron.actor import MegatronActor
 
 
 @pytest.fixture(scope="module")

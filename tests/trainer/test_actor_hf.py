@@ -8,11 +8,11 @@ import numpy as np
 import torch
 
 import relax_gym
-from relax_gym.trainer.actor_hf import HFActor
+from relax_gym.trainer.actors.hf import HFActor
 from relax_gym.trainer.algorithms import preset
-from relax_gym.trainer.demonstrations import demonstration
+from relax_gym.trainer.run.warmup import demonstration
 from relax_gym.trainer.policy import build_policy
-from relax_gym.trainer.rollout import Trajectory
+from relax_gym.trainer.rollout.episode import Trajectory
 
 
 def test_demonstrations_teach_format_not_labels():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from relax_gym.trainer.config import ConfigError, load_recipe
-from relax_gym.trainer.controller import plan_roles
+from relax_gym.trainer.async_engine.controller import plan_roles
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa.yaml"
 

@@ -9,8 +9,8 @@ import pytest
 
 from relax_gym.trainer.algorithms import AlgorithmConfig
 from relax_gym.trainer.databus import DuplicateRowError, make_bus
-from relax_gym.trainer.databus_core import DeliveryLedger
-from relax_gym.trainer.roles.advantages import AdvantagesRole
+from relax_gym.trainer.databus.core import DeliveryLedger
+from relax_gym.trainer.async_engine.roles.advantages import AdvantagesRole
 
 
 def rows(step: int, groups: int, size: int, reward=lambda g, m: float(m)) -> list[dict]:

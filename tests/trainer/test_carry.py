@@ -8,8 +8,8 @@ from collections import defaultdict
 
 import pytest
 
-from relax_gym.trainer.carry import CarryFeeder, CarrySlots, claim_slot
-from relax_gym.trainer.staleness import StalenessGate
+from relax_gym.trainer.async_engine.carry import CarryFeeder, CarrySlots, claim_slot
+from relax_gym.trainer.async_engine.staleness import StalenessGate
 
 
 def test_slots_fill_partitions_in_order_of_finishing():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from relax_gym.trainer.checkpoint import (
+from relax_gym.trainer.run.checkpoint import (
     CheckpointError,
     TrainerState,
     capture_rng,

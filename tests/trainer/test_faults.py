@@ -9,8 +9,8 @@ import re
 import pytest
 
 from relax_gym.trainer.config import ConfigError, load_recipe
-from relax_gym.trainer.fault_hooks import EngineFaults, LocalFaults, SandboxHangs
-from relax_gym.trainer.faults import FaultSchedule, FaultsSection, InjectedCrash, InjectedFault
+from relax_gym.trainer.faults.hooks import EngineFaults, LocalFaults, SandboxHangs
+from relax_gym.trainer.faults.schedule import FaultSchedule, FaultsSection, InjectedCrash, InjectedFault
 
 
 def section(*inject: dict, seed: int = 0) -> FaultsSection:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from relax_gym.trainer.config import load_recipe
-from relax_gym.trainer.controller import plan_roles
-from relax_gym.trainer.weights import advertised_url
+from relax_gym.trainer.async_engine.controller import plan_roles
+from relax_gym.trainer.dcs.service import advertised_url
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 

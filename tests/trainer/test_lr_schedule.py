@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relax_gym.trainer.config import load_recipe
-from relax_gym.trainer.lr_schedule import DecayGate, decayed_fraction, lr_at, progress
+from relax_gym.trainer.run.lr_schedule import DecayGate, decayed_fraction, lr_at, progress
 
 
 def test_shapes_start_at_lr_and_end_at_the_floor():

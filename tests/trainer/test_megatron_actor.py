@@ -9,18 +9,18 @@ import numpy as np
 import torch
 
 import relax_gym
-from relax_gym.trainer.actor_hf import HFActor
+from relax_gym.trainer.actors.hf import HFActor
 from relax_gym.trainer.algorithms import preset
 from relax_gym.trainer.dcs import DCSClient, DCSCoordinator, checkpoint_names
-from relax_gym.trainer.demonstrations import demonstration
+from relax_gym.trainer.run.warmup import demonstration
 from relax_gym.trainer.engines.client import EngineClient
 from relax_gym.trainer.engines.embedded import EmbeddedEngine
 from relax_gym.trainer.engines.process import spawn_engine
 from relax_gym.trainer.engines.protocol import serialize_named_tensors
 from relax_gym.trainer.engines.weight_sync import tensor_digest
 from relax_gym.trainer.policy import PolicyConfig, build_policy
-from relax_gym.trainer.policy.megatron import CHECKPOINT_DIR, MegatronActor
-from relax_gym.trainer.rollout import Trajectory
+from relax_gym.trainer.actors.megatron.actor import CHECKPOINT_DIR, MegatronActor
+from relax_gym.trainer.rollout.episode import Trajectory
 
 from .megatron_fixtures import megatron_policy  # noqa: F401 - fixture
 

@@ -9,9 +9,9 @@ from megatron.core import parallel_state
 
 from relax_gym.trainer.config import ConfigError, load_recipe
 from relax_gym.trainer.policy import build_policy
-from relax_gym.trainer.policy import megatron_runtime
-from relax_gym.trainer.policy.megatron import MegatronActor
-from relax_gym.trainer.policy.megatron_runtime import ParallelSizes
+from relax_gym.trainer.actors.megatron import runtime as megatron_runtime
+from relax_gym.trainer.actors.megatron.actor import MegatronActor
+from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
 
 
 def error_of(*overrides: str) -> str:

@@ -8,7 +8,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from relax_gym.trainer.policy import build_policy
-from relax_gym.trainer.policy.megatron_convert import DecoderShape, hf_to_megatron, megatron_to_hf
+from relax_gym.trainer.actors.megatron.convert import DecoderShape, hf_to_megatron, megatron_to_hf
 
 from .megatron_fixtures import megatron_policy  # noqa: F401 - fixture
 

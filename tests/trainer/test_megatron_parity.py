@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from relax_gym.trainer.actor_hf import HFActor
-from relax_gym.trainer.policy.megatron_check import TOLERANCE, demonstration_batch, logprob_gap
+from relax_gym.trainer.actors.hf import HFActor
+from relax_gym.trainer.tools.megatron_check import TOLERANCE, demonstration_batch, logprob_gap
 
 from .megatron_fixtures import megatron_policy  # noqa: F401 - fixture
 

@@ -11,13 +11,13 @@ import torch
 import relax_gym
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.databus import make_bus
-from relax_gym.trainer.demonstrations import demonstration
+from relax_gym.trainer.run.warmup import demonstration
 from relax_gym.trainer.policy import build_policy
-from relax_gym.trainer.policy.megatron import MegatronActor
-from relax_gym.trainer.roles.actor import ActorRole
-from relax_gym.trainer.roles.advantages import AdvantagesRole
-from relax_gym.trainer.rollout import Trajectory
-from relax_gym.trainer.samples import sample_id, trajectory_row
+from relax_gym.trainer.actors.megatron.actor import MegatronActor
+from relax_gym.trainer.async_engine.roles.actor import ActorRole
+from relax_gym.trainer.async_engine.roles.advantages import AdvantagesRole
+from relax_gym.trainer.rollout.episode import Trajectory
+from relax_gym.trainer.rollout.samples import sample_id, trajectory_row
 
 G = 2
 

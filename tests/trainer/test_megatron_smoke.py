@@ -45,7 +45,7 @@ def test_colocate_run_with_the_megatron_backend(tmp_path):
 
 
 def check(device: str, steps: int) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "relax_gym.trainer.policy.megatron_check", "--device", device,
+    proc = subprocess.run([sys.executable, "-m", "relax_gym.trainer.tools.megatron_check", "--device", device,
                            "--steps", str(steps)], capture_output=True, text=True, timeout=300)
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1, proc.stdout + proc.stderr[-2000:]

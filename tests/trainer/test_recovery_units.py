@@ -9,10 +9,10 @@ import pytest
 from ray.exceptions import ActorDiedError
 
 from relax_gym.trainer.config import RelaxConfig
-from relax_gym.trainer.controller import plan_roles
-from relax_gym.trainer.recovery import GlobalRestart, ReplacedActorError, ReplicaRegistry, Supervisor, sample_step
-from relax_gym.trainer.replica import retries_within
-from relax_gym.trainer.samples import sample_id
+from relax_gym.trainer.async_engine.controller import plan_roles
+from relax_gym.trainer.async_engine.recovery import GlobalRestart, ReplacedActorError, ReplicaRegistry, Supervisor, sample_step
+from relax_gym.trainer.async_engine.replica import retries_within
+from relax_gym.trainer.rollout.samples import sample_id
 
 
 class Remote:

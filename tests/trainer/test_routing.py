@@ -11,8 +11,8 @@ import torch
 from relax_gym.trainer.databus import InProcessBus
 from relax_gym.trainer.policy import PolicyConfig
 from relax_gym.trainer.policy.moe import routing_dims
-from relax_gym.trainer.rollout import Trajectory
-from relax_gym.trainer.routing import (
+from relax_gym.trainer.rollout.episode import Trajectory
+from relax_gym.trainer.policy.routing import (
     RoutingCounts,
     batch_routing,
     decode_routed_experts,
@@ -20,7 +20,7 @@ from relax_gym.trainer.routing import (
     merge_turn,
     mismatch_counts,
 )
-from relax_gym.trainer.samples import ROUTING_FIELD, masked_row, train_items, trajectory_row
+from relax_gym.trainer.rollout.samples import ROUTING_FIELD, masked_row, train_items, trajectory_row
 
 
 def test_wire_format_is_sglangs_flat_row_major_base64():

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from relax_gym.trainer.actor_hf import HFActor
+from relax_gym.trainer.actors.hf import HFActor
 from relax_gym.trainer.algorithms import AlgorithmConfig
 from relax_gym.trainer.engines.client import EngineClient, GenerateOutput
 from relax_gym.trainer.engines.embedded import EmbeddedEngine, EngineRequestError
 from relax_gym.trainer.engines.http_server import serve
 from relax_gym.trainer.policy import PolicyConfig, build_policy
 from relax_gym.trainer.policy.routers import moe_routers, replay_routing, routing_shape
-from relax_gym.trainer.routing import decode_routed_experts
+from relax_gym.trainer.policy.routing import decode_routed_experts
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from relax_gym.trainer.staleness import StalenessGate, staleness, staleness_stats
+from relax_gym.trainer.async_engine.staleness import StalenessGate, staleness, staleness_stats
 
 
 def run(coro):

@@ -9,7 +9,7 @@ import pytest
 
 from relax_gym.trainer.dcs import DCSCoordinator, DCSError
 from relax_gym.trainer.policy import build_policy
-from relax_gym.trainer.weights import DCSPusher
+from relax_gym.trainer.dcs.service import DCSPusher
 
 
 def dead_url() -> str:

@@ -35,7 +35,7 @@ truncation is *not* renormalised into it (SGLang's default logprobs are likewise
 ``model.generate`` under a :class:`~relax_gym.trainer.policy.routers.RoutingRecorder` (forward hooks on the routers,
 removed after the call), and each such row gets the top-k expert ids of every MoE layer for its prompt tokens and
 every generated token but the last (the tokens that were forwarded), base64-encoded in ``meta_info`` as SGLang
-sends them (:mod:`relax_gym.trainer.routing`). A dense model refuses the flag.
+sends them (:mod:`relax_gym.trainer.policy.routing`). A dense model refuses the flag.
 
 **Finish reasons** follow SGLang's order: ``{"type": "length", "length": max_new_tokens}`` once
 ``max_new_tokens`` tokens exist (checked first, even if the last one is EOS), else
@@ -95,7 +95,7 @@ from relax_gym.trainer.engines.protocol import (
 )
 from relax_gym.trainer.engines.shared_prefill import plan_sharing, prefill
 from relax_gym.trainer.policy.routers import RoutingRecorder, moe_routers
-from relax_gym.trainer.routing import encode_routed_experts
+from relax_gym.trainer.policy.routing import encode_routed_experts
 from relax_gym.trainer.engines.weight_sync import (
     DEFAULT_GROUP_NAME,
     FLATTENED_BUCKET,

@@ -31,7 +31,7 @@ Response (a list of these for a batch request)::
 
 With ``"return_routed_experts": true`` (an MoE model) ``meta_info`` also holds SGLang's ``routed_experts`` (base64
 of the ``(prompt_tokens + completion_tokens - 1, layers, top_k)`` expert ids, row-major) and
-``routed_experts_dtype`` (``uint8`` / ``uint16`` / ``int32``); :mod:`relax_gym.trainer.routing` encodes and decodes
+``routed_experts_dtype`` (``uint8`` / ``uint16`` / ``int32``); :mod:`relax_gym.trainer.policy.routing` encodes and decodes
 them. A dense model refuses the flag (400).
 
 Tensor payloads (``update_weights_from_tensor``): SGLang's ``serialized_named_tensors`` holds one string per

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from relax_gym.trainer.dcs.transport_check import sglang_layout_check
+from relax_gym.trainer.tools.transport_check import sglang_layout_check
 from relax_gym.trainer.engines import weight_sync
 
 

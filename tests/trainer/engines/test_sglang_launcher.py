@@ -301,7 +301,7 @@ def test_an_moe_policy_launches_sglang_recording_routed_experts(checkpoint, monk
 
 
 def test_inference_role_serves_generate_through_the_standin_sglang_server(standin_path, checkpoint):
-    from relax_gym.trainer.roles.inference import InferenceRole
+    from relax_gym.trainer.async_engine.roles.inference import InferenceRole
 
     path, _, processor = checkpoint
     role = InferenceRole(PolicyConfig(path=str(path)).model_dump(mode="json"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROLES = Path(__file__).resolve().parents[3] / "relax_gym" / "trainer" / "roles"
+ROLES = Path(__file__).resolve().parents[3] / "relax_gym" / "trainer" / "async_engine" / "roles"
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -23,6 +23,6 @@ def test_roles_do_not_import_each_other():
     modules = sorted(p for p in ROLES.glob("*.py") if p.name != "__init__.py")
     assert {p.stem for p in modules} >= {"env_worker", "inference", "reference", "advantages", "actor"}
     for path in modules:
-        others = {f"relax_gym.trainer.roles.{p.stem}" for p in modules if p != path}
-        bad = imported_modules(path) & (others | {"relax_gym.trainer.roles"})
+        others = {f"relax_gym.trainer.async_engine.roles.{p.stem}" for p in modules if p != path}
+        bad = imported_modules(path) & (others | {"relax_gym.trainer.async_engine.roles"})
         assert not bad, f"{path.name} imports another role: {sorted(bad)}"

@@ -18,17 +18,17 @@ import pytest
 import torch
 
 import relax_gym
-from relax_gym.trainer.actor_hf import HFActor
+from relax_gym.trainer.actors.hf import HFActor
 from relax_gym.trainer.algorithms import group_advantages, identical_reward_groups, preset
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.databus import make_bus
-from relax_gym.trainer.demonstrations import demonstration
+from relax_gym.trainer.run.warmup import demonstration
 from relax_gym.trainer.policy import build_policy
-from relax_gym.trainer.roles.actor import ActorRole
-from relax_gym.trainer.roles.advantages import AdvantagesRole, group_fields
-from relax_gym.trainer.roles.env_worker import EnvWorkerRole
-from relax_gym.trainer.rollout import Trajectory
-from relax_gym.trainer.samples import sample_id, trajectory_row
+from relax_gym.trainer.async_engine.roles.actor import ActorRole
+from relax_gym.trainer.async_engine.roles.advantages import AdvantagesRole, group_fields
+from relax_gym.trainer.async_engine.roles.env_worker import EnvWorkerRole
+from relax_gym.trainer.rollout.episode import Trajectory
+from relax_gym.trainer.rollout.samples import sample_id, trajectory_row
 
 G = 4  # group size
 

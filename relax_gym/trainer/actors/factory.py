@@ -1,0 +1,34 @@
+"""The actor of the configured backend (``actor.backend``), for the colocate trainer and the async actor role.
+
+    actor = build_actor(cfg, model, processor)   # HFActor, or MegatronActor (which converts ``model`` in place)
+
+Both backends offer the same surface: ``set_lr``, ``forward_logprobs`` / ``logprobs``, ``rl_step``, ``sft_step``,
+the streaming steps, ``state_dict`` / ``load_weights`` (HF names), ``hf_template`` / ``hf_model``,
+``save_checkpoint``, ``close``. megatron-core is imported only when the megatron backend is asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relax_gym.trainer.actors.hf import HFActor
+from relax_gym.trainer.config import RelaxConfig
+
+__all__ = ["build_actor"]
+
+
+def build_actor(cfg: RelaxConfig, model: Any, processor: Any) -> HFActor:
+    a = cfg.actor
+    kwargs: dict[str, Any] = dict(lr=a.lr, betas=a.betas, weight_decay=a.weight_decay, grad_clip=a.grad_clip,
+                                  micro_batch_size=a.micro_batch_size, routing_replay=cfg.algorithm.routing_replay)
+    if a.backend == "hf":
+        return HFActor(model, processor, **kwargs)
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(f"actor.backend=megatron needs megatron-core (pip install 'relax-gym[megatron]'): {exc}") from None
+    from relax_gym.trainer.actors.megatron.actor import MegatronActor
+    from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
+
+    sizes = ParallelSizes(a.tensor_parallel_size, a.pipeline_parallel_size, a.context_parallel_size)
+    return MegatronActor(model, processor, parallel=sizes, seed=cfg.trainer.seed, **kwargs)

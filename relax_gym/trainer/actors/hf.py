@@ -1,0 +1,298 @@
+"""The ``hf`` actor backend: plain torch training of a transformers policy (CPU default, GPU when present).
+
+One job: turn batches of trajectories into optimiser steps. It computes token log-probs with the sampler's
+temperature and with the tokens the sampler may never emit (media pads, pad) masked to -inf, so training and
+rollout log-probs describe the same distribution; it splits a batch into micro-batches and weights each one's
+loss by its share of the batch (tokens for token-level aggregation, sequences otherwise), so gradient
+accumulation gives the same step as one big batch.
+
+MoE policies: items may carry the experts their rollout routed each token to (``routed_experts``). Every training
+forward then measures the routing mismatch (the router's own top-k vs the record, per layer); with
+``routing_replay`` (R3) the forward runs under :func:`~relax_gym.trainer.policy.routers.replay_routing` and uses the
+recorded experts, their weights recomputed from this forward's router logits. The step metrics report
+``routing_mismatch`` (+ ``_l{i}`` per layer) and ``routing_mismatch_used`` (0 under replay).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relax_gym.trainer.algorithms import AlgorithmConfig, policy_loss, sft_loss, token_logprobs
+from relax_gym.trainer.policy.model import save_policy
+from relax_gym.trainer.policy.routers import moe_routers, replay_routing, routing_shape
+from relax_gym.trainer.policy.routing import RoutingCounts, batch_routing
+
+
+class HFActor:
+    def __init__(self, model, processor, *, lr: float, betas=(0.9, 0.99), weight_decay: float = 0.0,
+                 grad_clip: float = 1.0, micro_batch_size: int = 32, routing_replay: bool = False) -> None:
+        self.model = model
+        self.routing = routing_shape(model) if moe_routers(model) else None  # (MoE layers, top_k)
+        if routing_replay and self.routing is None:
+            raise ValueError(f"algorithm.routing_replay needs a mixture-of-experts policy; {type(model).__name__} is dense "
+                             "(set model.family=qwen3_omni_moe)")
+        self.routing_replay = routing_replay
+        self.routing_counts = RoutingCounts()
+        self.processor = processor
+        self.grad_clip = grad_clip
+        self.micro_batch_size = micro_batch_size
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas, weight_decay=weight_decay)
+        self._blocked = torch.tensor(sorted(processor.control_token_ids), dtype=torch.long)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # -- log-probs ----------------------------------------------------------------------------------------
+
+    def forward_logprobs(self, items: Sequence[Any], temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs (B, T-1) of each next token, loss mask (B, T-1)) for a micro-batch of rendered sequences.
+
+        Only the positions the loss reads (mask 1) get log-probs; the others hold 0. The output head runs on
+        those positions alone when the model exposes its body and head (``model.model`` / ``model.lm_head``, as
+        transformers' causal LMs do): a completion is a few tokens of a long multimodal prompt, so this skips
+        almost all of the (tokens x vocabulary) logits."""
+        batch = self.processor.collate(items, padding_side="right")
+        device = next(self.model.parameters()).device  # a GPU model: the forward runs there, the loss on the CPU
+        if device.type != "cpu":
+            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        mask = batch.pop("loss_mask")[:, 1:]
+        targets = batch["input_ids"][:, 1:]
+        where = mask.bool()
+        body, head = getattr(self.model, "model", None), getattr(self.model, "lm_head", None)
+        with self._routing(items, batch):
+            if body is not None and head is not None:
+                hidden = body(**batch, use_cache=False)[0][:, :-1]
+                logits = head(hidden[where])
+            else:
+                logits = self.model(**batch).logits[:, :-1][where]
+        if len(self._blocked):
+            logits = logits.index_fill(-1, self._blocked.to(device), float("-inf"))
+        picked = token_logprobs(logits, targets[where], temperature=temperature)
+        lps = torch.zeros(targets.shape, dtype=picked.dtype, device=device).masked_scatter(where, picked)
+        return lps.cpu(), mask.to(lps.dtype).cpu()
+
+    @contextlib.contextmanager
+    def _routing(self, items: Sequence[Any], batch: dict[str, torch.Tensor]):
+        """Around one forward: replay (or only trace) the items' recorded routing and count the mismatch."""
+        records = [getattr(it, "routed_experts", None) for it in items]
+        if self.routing is None or all(r is None for r in records):
+            yield
+            return
+        ids = batch["input_ids"]
+        recorded = batch_routing(records, ids.shape[1], *self.routing)
+        with replay_routing(self.model, recorded if self.routing_replay else None, batch=ids.shape[0]) as trace:
+            yield
+        self.routing_counts.add(recorded, trace.natural, trace.used, batch["attention_mask"].bool())
+
+    def _routing_metrics(self) -> dict[str, float]:
+        metrics, self.routing_counts = self.routing_counts.metrics(), RoutingCounts()
+        return metrics
+
+    @torch.no_grad()
+    def logprobs(self, items: Sequence[Any], temperature: float = 1.0) -> list[torch.Tensor]:
+        out = []
+        for chunk in _chunks(list(items), self.micro_batch_size):
+            lps, _ = self.forward_logprobs(chunk, temperature)
+            out += [row for row in lps]
+        return out
+
+    # -- steps --------------------------------------------------------------------------------------------
+
+    def rl_step(self, items: Sequence[Any], advantages: torch.Tensor, algo: AlgorithmConfig,
+                ref_logprobs: list[torch.Tensor] | None = None, epochs: int = 1) -> dict[str, float]:
+        """One RL update on ``items`` (objects with input_ids, loss_mask, mm, rollout_logprobs)."""
+        items = list(items)
+        self.routing_counts = RoutingCounts()
+        old = self.logprobs(items, algo.temperature) if epochs > 1 else None
+        metrics: dict[str, float] = {}
+        for _ in range(epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            weights = self._shares(items, algo.aggregation)
+            totals: dict[str, float] = {}
+            # A zero-advantage sample adds nothing to the policy-gradient loss (and, without a KL term, to the
+            # gradient): its share still counts in the normaliser above, so leaving it out of the forward pass
+            # gives the same step for less compute (all-equal groups, and losers under negative_advantage_scale=0).
+            live = [i for i in range(len(items)) if algo.kl_coef > 0 or float(advantages[i]) != 0.0]
+            metrics_share = sum(weights[i] for i in live) or 1.0
+            for idx in _chunks(live, self.micro_batch_size):
+                chunk = [items[i] for i in idx]
+                lps, mask = self.forward_logprobs(chunk, algo.temperature)
+                old_lps = lps.detach() if old is None else _stack([old[i] for i in idx], lps.shape)
+                rollout = _stack([torch.tensor(items[i].rollout_logprobs[1:], dtype=lps.dtype) for i in idx], lps.shape)
+                ref = _stack([ref_logprobs[i] for i in idx], lps.shape) if ref_logprobs is not None else None
+                kwargs = algo.loss_kwargs()
+                out = policy_loss(lps, old_lps, advantages[idx], mask, ref_logprobs=ref,
+                                  rollout_logprobs=rollout if kwargs.get("tis_cap") else None, **kwargs)
+                share = sum(weights[i] for i in idx)
+                (out.loss * share).backward()
+                for k, v in out.metrics.items():
+                    totals[k] = totals.get(k, 0.0) + v * share / metrics_share
+                totals["mismatch_kl"] = totals.get("mismatch_kl", 0.0) + share / metrics_share * _mismatch(lps.detach(), rollout, mask)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            if live:
+                self.optimizer.step()
+            metrics = {**totals, "grad_norm": float(grad_norm), "samples_forwarded": float(len(live))}
+        return {**metrics, **self._routing_metrics()}
+
+    def sft_step(self, items: Sequence[Any]) -> dict[str, float]:
+        items = list(items)
+        self.optimizer.zero_grad(set_to_none=True)
+        weights = self._shares(items, "token_mean")
+        nll = 0.0
+        for idx in _chunks(list(range(len(items))), self.micro_batch_size):
+            lps, mask = self.forward_logprobs([items[i] for i in idx])
+            out = sft_loss(lps, mask)
+            share = sum(weights[i] for i in idx)
+            (out.loss * share).backward()
+            nll += out.metrics["nll"] * share
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        return {"sft_nll": nll, "grad_norm": float(grad_norm)}
+
+    @staticmethod
+    def _shares(items: Sequence[Any], aggregation: str) -> list[float]:
+        if aggregation == "token_mean":
+            tokens = [sum(it.loss_mask[1:]) for it in items]
+            total = sum(tokens) or 1
+            return [t / total for t in tokens]
+        valid = [1.0 if sum(it.loss_mask[1:]) > 0 else 0.0 for it in items]
+        total = sum(valid) or 1.0
+        return [v / total for v in valid]
+
+    # -- streaming steps: micro-batches trained as they arrive, one optimiser step at the end -------------------
+
+    def begin_stream(self) -> None:
+        """Start a streamed step: gradients are accumulated by :meth:`stream_micro_batch` until :meth:`end_stream`."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._stream_weight = 0.0  # every sample's raw share: the normaliser
+        self._stream_live = 0.0  # the forwarded samples' share: the metrics' normaliser
+        self._stream_forwarded = 0
+        self._stream_totals: dict[str, float] = {}
+        self.routing_counts = RoutingCounts()
+
+    def stream_micro_batch(self, items: Sequence[Any], advantages: torch.Tensor, algo: AlgorithmConfig, *,
+                           ref_logprobs: list[torch.Tensor] | None = None,
+                           old_logprobs: list[torch.Tensor | None] | None = None,
+                           tis_cap: float | None = None) -> list[torch.Tensor | None]:
+        """Forward and backward one micro-batch of a streamed step; returns its log-probs (detached, one row per
+        item, None for an item that was not forwarded), the old log-probs of any later epoch over the same data.
+
+        The batch size is not known while data still arrives, so each micro-batch's loss is weighted by its raw
+        share (its tokens for ``token_mean``, its valid sequences otherwise) and :meth:`end_stream` divides the
+        summed gradients by the total: the same step as :meth:`rl_step` on the whole batch. As there, a
+        zero-advantage sample is not forwarded unless a KL term needs it, but its share stays in the total.
+        ``tis_cap`` overrides ``algo.tis_cap`` (the async engine's cap for stale samples); with a cap the rollout
+        log-probs weight the policy gradient (truncated importance sampling)."""
+        items = list(items)
+        raw = self._raw_weights(items, algo.aggregation)
+        self._stream_weight += sum(raw)
+        live = [i for i in range(len(items)) if algo.kl_coef > 0 or float(advantages[i]) != 0.0]
+        out_rows: list[torch.Tensor | None] = [None] * len(items)
+        weight = sum(raw[i] for i in live)
+        if not live or weight == 0:
+            return out_rows
+        chunk = [items[i] for i in live]
+        lps, mask = self.forward_logprobs(chunk, algo.temperature)
+        shape = lps.shape
+        old = lps.detach() if old_logprobs is None else _stack([old_logprobs[i] for i in live], shape)
+        rollout = _stack([torch.tensor(it.rollout_logprobs[1:], dtype=lps.dtype) for it in chunk], shape)
+        ref = _stack([ref_logprobs[i] for i in live], shape) if ref_logprobs is not None else None
+        kwargs = algo.loss_kwargs()
+        if tis_cap is not None:
+            kwargs["tis_cap"] = tis_cap
+        out = policy_loss(lps, old, advantages[live], mask, ref_logprobs=ref,
+                          rollout_logprobs=rollout if kwargs.get("tis_cap") else None, **kwargs)
+        (out.loss * weight).backward()
+        totals = self._stream_totals
+        for k, v in out.metrics.items():
+            totals[k] = totals.get(k, 0.0) + v * weight
+        totals["mismatch_kl"] = totals.get("mismatch_kl", 0.0) + weight * _mismatch(lps.detach(), rollout, mask)
+        self._stream_live += weight
+        self._stream_forwarded += len(live)
+        for i, row in zip(live, lps.detach()):
+            out_rows[i] = row
+        return out_rows
+
+    def end_stream(self) -> dict[str, float]:
+        """Finish a streamed step: normalise the accumulated gradients, clip, one optimiser step. Nothing to
+        learn from (no sample forwarded) means no step and no metrics."""
+        if self._stream_live == 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            return {}
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.div_(self._stream_weight)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        metrics = {k: v / self._stream_live for k, v in self._stream_totals.items()}
+        metrics["grad_norm"] = float(grad_norm)
+        metrics["samples_forwarded"] = float(self._stream_forwarded)
+        return {**metrics, **self._routing_metrics()}
+
+    @staticmethod
+    def _raw_weights(items: Sequence[Any], aggregation: str) -> list[float]:
+        """Unnormalised loss shares (see :meth:`_shares`): tokens for ``token_mean``, valid sequences otherwise."""
+        if aggregation == "token_mean":
+            return [float(sum(it.loss_mask[1:])) for it in items]
+        return [1.0 if sum(it.loss_mask[1:]) > 0 else 0.0 for it in items]
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy a policy state dict into the model (the reference role loads the warmed-up policy this way)."""
+        self.model.load_state_dict(state)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    # -- what every actor backend offers besides training (see policy/megatron.py for the megatron one) ----------
+
+    @property
+    def hf_template(self) -> torch.nn.Module:
+        """An HF model with the policy's structure: its names (DCS pushes) and config."""
+        return self.model
+
+    def hf_model(self) -> torch.nn.Module:
+        """A frozen HF copy of the current policy (a reference model, an export)."""
+        return copy.deepcopy(self.model).eval()
+
+    def save_checkpoint(self, directory: str | Path) -> Path:
+        """The policy, ``save_pretrained`` style (weights, config, processor)."""
+        return save_policy(self.model, self.processor, directory)
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Load the weights :meth:`save_checkpoint` wrote into this actor's model, in place (the optimizer keeps
+        pointing at the same parameters; :mod:`~relax_gym.trainer.run.checkpoint` restores its state)."""
+        dtype = next(self.model.parameters()).dtype
+        loaded = type(self.model).from_pretrained(str(directory), dtype=dtype)
+        self.model.load_state_dict(loaded.state_dict())
+
+    def close(self) -> None:
+        """Nothing to release (the megatron backend tears down its process group here)."""
+
+
+def _chunks(xs: list, n: int) -> list[list]:
+    return [xs[i : i + n] for i in range(0, len(xs), n)]
+
+
+def _stack(rows: Sequence[torch.Tensor], shape: torch.Size) -> torch.Tensor:
+    """Right-pad 1-D rows with zeros to ``shape`` (B, T)."""
+    out = torch.zeros(shape)
+    for i, row in enumerate(rows):
+        n = min(len(row), shape[1])
+        out[i, :n] = row[:n]
+    return out
+
+
+def _mismatch(train_lps: torch.Tensor, rollout_lps: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean |train - rollout| log-prob over sampled tokens: how far the engine's numbers are from the trainer's."""
+    n = float(mask.sum())
+    if n == 0:
+        return 0.0
+    gap = torch.where(mask.bool(), (train_lps - rollout_lps).abs(), torch.zeros_like(train_lps))  # -inf at padding
+    return float(gap.sum() / n)

@@ -1,0 +1,122 @@
+"""The ``megatron`` actor backend: the policy's language decoder is megatron-core's ``GPTModel``.
+
+``MegatronActor(model, processor, ...)`` takes the HF thinker that ``build_policy`` made and converts it in place
+(:func:`~relax_gym.trainer.actors.megatron.model.to_megatron`): megatron-core runs the text decoder (local layer
+spec, multimodal rope), transformers keeps the vision / audio towers and the merge of their features. Training is
+the hf backend's own step logic (:class:`~relax_gym.trainer.actors.hf.HFActor`: micro-batches, the same loss
+functions from ``relax_gym.trainer.algorithms``, gradient clipping, AdamW over every parameter) on that model; what
+this backend adds is where the model comes from and how its weights leave it:
+
+- ``state_dict()`` gives HF names (converted from Megatron's), so weight pushes into the inference engines and
+  the DCS work unchanged; ``load_weights`` takes HF names back;
+- ``save_checkpoint`` / ``load_checkpoint`` use megatron-core's ``dist_checkpointing`` (the decoder under its
+  Megatron names and sharding metadata, the towers as replicated tensors under their HF names);
+- megatron-core's parallel state (a world-size-1 process group; gloo over loopback on a CPU, with the CPU patch of
+  :mod:`~relax_gym.trainer.actors.megatron.cpu_patch`) is set up by the first actor and torn down by ``close``.
+
+Tensor / pipeline / context parallel sizes come from the config; this trainer runs its actor in one process, so
+anything above 1 is refused with one clear error (:mod:`~relax_gym.trainer.actors.megatron.runtime`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from relax_gym.trainer.actors.hf import HFActor
+from relax_gym.trainer.actors.megatron import runtime as megatron_runtime
+from relax_gym.trainer.actors.megatron.model import gpt_of, hf_state_dict, load_hf_state_dict, to_megatron
+from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
+
+__all__ = ["CHECKPOINT_DIR", "MegatronActor"]
+
+CHECKPOINT_DIR = "megatron"  # the dist_checkpointing folder inside a checkpoint directory
+
+
+class MegatronActor(HFActor):
+    def __init__(self, model: nn.Module, processor: Any, *, parallel: ParallelSizes = ParallelSizes(), seed: int = 0,
+                 **kwargs: Any) -> None:
+        if getattr(model, "config", None) is None or getattr(model.config, "model_type", "") != "qwen2_5_omni_thinker":
+            raise ValueError(f"actor.backend=megatron converts Qwen2.5-Omni thinkers (model.family=qwen2_5_omni); "
+                             f"got {type(model).__name__}")
+        self._closed = True
+        self.device = megatron_runtime.acquire(parallel, seed=seed)
+        self._closed = False
+        try:
+            with torch.device("meta"):  # names and config only, no memory
+                self._template = type(model)(model.config)
+            self._template.generation_config = model.generation_config
+            to_megatron(model, device=self.device, tensor_parallel=parallel.tensor,
+                        pipeline_parallel=parallel.pipeline, context_parallel=parallel.context)
+            super().__init__(model, processor, **kwargs)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- weights under HF names ----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return hf_state_dict(self.model)
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        load_hf_state_dict(self.model, state)
+
+    @property
+    def hf_template(self) -> nn.Module:
+        """A meta-device HF thinker: the names and config of the weights this actor hands out."""
+        return self._template
+
+    def hf_model(self) -> nn.Module:
+        """A frozen HF thinker (CPU) holding the current weights."""
+        with torch.random.fork_rng(devices=[]):
+            model = type(self._template)(self._template.config)
+        model.generation_config = self._template.generation_config
+        model.to(next(self.model.parameters()).dtype)
+        model.load_state_dict({k: v.cpu() for k, v in self.state_dict().items()})
+        return model.eval()
+
+    # -- dist_checkpointing ---------------------------------------------------------------------------------------
+
+    def _sharded_state_dict(self) -> dict[str, Any]:
+        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+        gpt = gpt_of(self.model)
+        towers = {k: v for k, v in self.model.state_dict(keep_vars=True).items()
+                  if not k.startswith(("model.language_model.", "lm_head."))}
+        return {"decoder": gpt.sharded_state_dict(),  # GPTModel's own names, as Megatron-LM saves them
+                "towers": make_sharded_tensors_for_checkpoint(towers, "towers.")}
+
+    def save_checkpoint(self, directory: str | Path) -> Path:
+        """The weights with ``dist_checkpointing`` in ``directory/megatron/`` and the processor in ``directory``."""
+        from megatron.core import dist_checkpointing
+
+        out = Path(directory)
+        target = out / CHECKPOINT_DIR
+        target.mkdir(parents=True, exist_ok=True)
+        dist_checkpointing.save(self._sharded_state_dict(), str(target))
+        self.processor.save_pretrained(out)
+        return out
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Load weights saved by :meth:`save_checkpoint` (same model shape and parallel layout)."""
+        from megatron.core import dist_checkpointing
+
+        source = Path(directory) / CHECKPOINT_DIR
+        if not (source / "metadata.json").is_file():
+            raise FileNotFoundError(f"{source} holds no megatron dist checkpoint (no metadata.json)")
+        sharded = self._sharded_state_dict()
+        loaded = dist_checkpointing.load(sharded, str(source))
+        gpt_of(self.model).load_state_dict(loaded["decoder"])
+        own = self.model.state_dict()
+        with torch.no_grad():
+            for name, tensor in loaded["towers"].items():
+                own[name.removeprefix("towers.")].copy_(tensor)
+
+    def close(self) -> None:
+        """Tear down megatron-core's parallel state if this was its last user (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            megatron_runtime.release()

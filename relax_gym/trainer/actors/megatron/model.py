@@ -1,0 +1,245 @@
+"""The thinker with megatron-core's ``GPTModel`` as its language decoder.
+
+:func:`to_megatron` takes a transformers Qwen2.5-Omni thinker and swaps, in place, its text decoder
+(``model.language_model``) and output head (``lm_head``) for a megatron-core ``GPTModel`` (local layer spec,
+multimodal rotary embedding ``mrope`` with the thinker's rope sections) holding the same weights. The vision and
+audio towers, the merge of their features into the token embeddings and the 3-D rope position ids stay
+transformers' own code, so a forward is the thinker's forward with megatron-core's decoder in the middle:
+
+    thinker.model(**batch)   # HF: embed (Megatron's embedding table), towers, merge, rope index
+      -> MegatronLanguageModel(inputs_embeds, position_ids (3, B, T), attention_mask)
+           GPTModel.rotary_pos_emb (mrope) + GPTModel.decoder (TransformerBlock: layers, final RMSNorm)
+    thinker.lm_head(hidden)  -> GPTModel.output_layer (tied to the embedding table when the thinker ties them)
+
+The thinker's own ``state_dict`` then has Megatron names for the decoder; :func:`hf_state_dict` gives the HF names
+(what engines load), :func:`load_hf_state_dict` takes them back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.modeling_outputs import BaseModelOutputWithPast
+
+from relax_gym.trainer.actors.megatron.convert import DecoderShape, hf_to_megatron, megatron_to_hf
+
+__all__ = ["MegatronLanguageModel", "MegatronLMHead", "build_gpt", "gpt_of", "hf_state_dict", "is_megatron",
+           "load_hf_state_dict", "to_megatron", "transformer_config"]
+
+DECODER_PREFIX = "model.language_model."  # the thinker's text decoder, in its state_dict
+HEAD = "lm_head.weight"
+_HF_ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu}
+
+
+def _qk_norm(text_config: Any) -> bool:
+    """Qwen3 normalises queries and keys per head; Qwen2 (and the Omni thinker's decoder) does not."""
+    return str(getattr(text_config, "model_type", "")).startswith("qwen3")
+
+
+def transformer_config(text_config: Any, *, dtype: torch.dtype = torch.float32, tensor_parallel: int = 1,
+                       pipeline_parallel: int = 1, context_parallel: int = 1) -> Any:
+    """megatron-core's ``TransformerConfig`` for a Qwen2-style text config (qkv bias, RMSNorm, SwiGLU, mrope):
+    local attention and every fusion off, so it runs on a CPU as on a GPU; dropout off (as the HF policy)."""
+    from megatron.core.transformer.enums import AttnBackend
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    act = getattr(text_config, "hidden_act", "silu")
+    if act not in _HF_ACTIVATIONS:
+        raise ValueError(f"hidden_act={act!r} has no Megatron counterpart here (supported: {sorted(_HF_ACTIVATIONS)})")
+    shape = DecoderShape.of(text_config)
+    rope = getattr(text_config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"rope_type={rope.get('rope_type')!r}: only the default (unscaled) rope converts to Megatron")
+    mrope = rope.get("mrope_section")
+    return TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=int(text_config.hidden_size),
+        ffn_hidden_size=int(text_config.intermediate_size),
+        num_attention_heads=shape.num_heads,
+        num_query_groups=shape.num_kv_heads,
+        kv_channels=shape.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=float(text_config.rms_norm_eps),
+        add_bias_linear=False,
+        add_qkv_bias=bool(getattr(text_config, "attention_bias", True)),  # Qwen2: always; Qwen3: attention_bias
+        qk_layernorm=_qk_norm(text_config),
+        gated_linear_unit=True,
+        activation_func=_HF_ACTIVATIONS[act],
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        mrope_section=list(mrope) if mrope else None,
+        tensor_model_parallel_size=tensor_parallel,
+        pipeline_model_parallel_size=pipeline_parallel,
+        context_parallel_size=context_parallel,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=True,
+        perform_initialization=False,  # the weights come from the HF model
+        attention_backend=AttnBackend.local,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+    )
+
+
+def build_gpt(text_config: Any, **kwargs: Any) -> Any:
+    """An (unfilled) ``GPTModel`` shaped like ``text_config``'s decoder; ``kwargs`` go to :func:`transformer_config`."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    config = transformer_config(text_config, **kwargs)
+    rope = getattr(text_config, "rope_parameters", None) or {}
+    return GPTModel(
+        config,
+        get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_layernorm),
+        vocab_size=int(text_config.vocab_size),
+        max_sequence_length=int(text_config.max_position_embeddings),
+        position_embedding_type="mrope" if config.mrope_section else "rope",
+        rotary_base=int(rope.get("rope_theta", getattr(text_config, "rope_theta", 10_000))),
+        share_embeddings_and_output_weights=bool(getattr(text_config, "tie_word_embeddings", False)),
+    )
+
+
+def _blocked(attention_mask: torch.Tensor | None, batch: int, length: int, device: torch.device) -> torch.Tensor:
+    """megatron-core's attention mask (B, 1, T, T), True where a query may not look: later positions and padding.
+    Given explicitly, so the local attention never builds its own (CUDA) causal mask."""
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).triu(1)
+    blocked = causal.expand(batch, 1, length, length)
+    if attention_mask is not None:
+        blocked = blocked | ~attention_mask.bool().to(device)[:, None, None, :]
+    return blocked
+
+
+class MegatronLanguageModel(nn.Module):
+    """Stands in for the thinker's HF text decoder (``thinker.model.language_model``): same call, same output."""
+
+    def __init__(self, gpt: nn.Module, text_config: Any) -> None:
+        super().__init__()
+        self.gpt = gpt
+        self.config = text_config
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.gpt.embedding.word_embeddings
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The decoder layers (megatron-core ``TransformerLayer``s), where code that inspects HF decoders looks."""
+        return self.gpt.decoder.layers
+
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache: Any = None, inputs_embeds: torch.Tensor | None = None,
+                use_cache: bool | None = None, **kwargs: Any) -> BaseModelOutputWithPast:
+        if cache is not None or use_cache:
+            raise ValueError("the Megatron decoder trains and scores whole sequences: no KV cache (generation runs "
+                             "on the inference engine's HF model)")
+        if inputs_embeds is None:
+            inputs_embeds = self.get_input_embeddings()(input_ids)
+        batch, length, _ = inputs_embeds.shape
+        if position_ids is None:
+            position_ids = torch.arange(length, device=inputs_embeds.device).expand(3, batch, length)
+        elif position_ids.ndim == 2:
+            position_ids = position_ids[None].expand(3, -1, -1)
+        elif position_ids.shape[0] == 4:  # (text, t, h, w) of a packed batch: the text row is for masks only
+            position_ids = position_ids[1:]
+        gpt = self.gpt
+        if gpt.position_embedding_type == "mrope":
+            rotary = gpt.rotary_pos_emb(position_ids, gpt.mrope_section)
+        else:
+            rotary = gpt.rotary_pos_emb(length)
+        hidden = gpt.decoder(hidden_states=inputs_embeds.transpose(0, 1).contiguous(),
+                             attention_mask=_blocked(attention_mask, batch, length, inputs_embeds.device),
+                             rotary_pos_emb=rotary)
+        return BaseModelOutputWithPast(last_hidden_state=hidden.transpose(0, 1))
+
+
+class MegatronLMHead(nn.Module):
+    """Stands in for the thinker's ``lm_head``: ``GPTModel.output_layer`` (with the embedding table as its weight
+    when tied). Holds the GPTModel without registering it again, so its weights appear once in state dicts."""
+
+    def __init__(self, gpt: nn.Module) -> None:
+        super().__init__()
+        self._gpt = (gpt,)  # a tuple: not a registered submodule
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        gpt = self._gpt[0]
+        weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
+        flat = hidden.reshape(-1, 1, hidden.shape[-1])  # (tokens, 1, hidden): the [s, b, h] layout it expects
+        logits, _ = gpt.output_layer(flat, weight=weight)
+        return logits.reshape(*hidden.shape[:-1], logits.shape[-1])
+
+
+def is_megatron(thinker: nn.Module) -> bool:
+    return isinstance(getattr(getattr(thinker, "model", None), "language_model", None), MegatronLanguageModel)
+
+
+def gpt_of(thinker: nn.Module) -> nn.Module:
+    if not is_megatron(thinker):
+        raise TypeError(f"{type(thinker).__name__} has no Megatron decoder (see relax_gym.trainer.actors.megatron.model.to_megatron)")
+    return thinker.model.language_model.gpt
+
+
+def to_megatron(thinker: nn.Module, *, device: torch.device | str = "cpu", **kwargs: Any) -> nn.Module:
+    """Swap ``thinker``'s text decoder and head for a megatron-core GPTModel with the same weights (in place;
+    returns ``thinker``). megatron-core's parallel state must be set up first (``megatron_runtime.acquire``)."""
+    if is_megatron(thinker):
+        return thinker
+    text_config = thinker.config.get_text_config()
+    shape = DecoderShape.of(text_config)
+    if shape.num_heads % shape.num_kv_heads:
+        raise ValueError(f"num_attention_heads ({shape.num_heads}) must be a multiple of num_key_value_heads "
+                         f"({shape.num_kv_heads})")
+    dtype = next(thinker.parameters()).dtype
+    hf_state = thinker.state_dict()
+    gpt = build_gpt(text_config, dtype=dtype, **kwargs)
+    _load_decoder(gpt, hf_to_megatron(hf_state, shape, prefix=DECODER_PREFIX, lm_head=HEAD))
+    thinker._hf_keys = tuple(hf_state)  # the HF state dict's names, in order
+    thinker.model.language_model = MegatronLanguageModel(gpt, text_config)
+    thinker.lm_head = MegatronLMHead(gpt)
+    return thinker.to(device)
+
+
+def _load_decoder(gpt: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    own = gpt.state_dict()
+    missing = [k for k in own if not k.endswith("_extra_state") and k not in state]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        raise KeyError(f"Megatron decoder weights do not match the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            own[name].copy_(tensor)
+
+
+def _towers(thinker: nn.Module) -> dict[str, torch.Tensor]:
+    """The thinker's non-decoder tensors (vision and audio towers), in HF names."""
+    return {k: v for k, v in thinker.state_dict().items() if not k.startswith((DECODER_PREFIX, "lm_head."))}
+
+
+def hf_state_dict(thinker: nn.Module) -> dict[str, torch.Tensor]:
+    """The Megatron thinker's weights under the HF thinker's names, in its order (detached, shared storage)."""
+    gpt = gpt_of(thinker)
+    decoder = megatron_to_hf(gpt.state_dict(), DecoderShape.of(thinker.config.get_text_config()),
+                             prefix=DECODER_PREFIX, lm_head=HEAD)
+    merged = {**_towers(thinker), **decoder}
+    return {k: merged[k].detach() for k in thinker._hf_keys}
+
+
+def load_hf_state_dict(thinker: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy HF-named weights (a full thinker state dict) into the Megatron thinker."""
+    missing = [k for k in thinker._hf_keys if k not in state]
+    if missing:
+        raise KeyError(f"HF state dict lacks {len(missing)} thinker tensor(s): {missing[:4]}")
+    gpt = gpt_of(thinker)
+    _load_decoder(gpt, hf_to_megatron(state, DecoderShape.of(thinker.config.get_text_config()),
+                                      prefix=DECODER_PREFIX, lm_head=HEAD))
+    own = thinker.state_dict()
+    with torch.no_grad():
+        for name in _towers(thinker):
+            own[name].copy_(state[name])

@@ -1,0 +1,289 @@
+"""The actor role: the policy's trainer in the async engine (``actor.backend``: hf or megatron), one replica.
+
+Per rollout step it streams the step's partition from the data bus in micro-batches of whole GRPO groups, as soon
+as the advantages role has finished them (and the reference role, when a KL term is on), and accumulates each
+micro-batch's gradient right away, so training overlaps the tail of the rollout. When every row of the step has
+arrived it takes exactly one optimiser step (:meth:`~relax_gym.trainer.actors.hf.HFActor.end_stream` normalises
+the accumulated gradients so the step equals the colocate trainer's on the same batch), pushes the weights to the
+inference engines and only then reports the new version, so "v trained" always means "the engines serve v".
+
+Stale samples (made by an older policy version, up to ``max_staleness`` behind) are corrected with truncated
+importance sampling against their rollout log-probs; the cap is ``algorithm.tis_cap`` or, when that is unset and
+S ≥ 1, ``trainer.off_policy_tis_cap``. Masked episodes and groups dropped by the dynamic-sampling filter are
+consumed (acknowledged) but never forwarded. The answer of a step names every sample id it consumed, the
+staleness of each, and how long the actor waited for data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import relax_gym
+from relax_gym.trainer.actors.factory import build_actor
+from relax_gym.trainer.run.checkpoint import TrainerState, capture_rng, data_cursor, load_checkpoint, restore_rng, save_checkpoint
+from relax_gym.trainer.config import RelaxConfig
+from relax_gym.trainer.run.warmup import warmup_batches
+from relax_gym.trainer.run.lr_schedule import decayed_fraction, lr_at, progress
+from relax_gym.trainer.policy import build_policy, save_policy
+from relax_gym.trainer.async_engine.recovery import ReplacedActorError
+from relax_gym.trainer.async_engine.replica import announce_replica, setup_replica
+from relax_gym.trainer.policy.moe import routing_dims
+from relax_gym.trainer.rollout.samples import ROUTING_FIELD, TRAIN_FIELDS, TrainItem, train_items
+from relax_gym.trainer.async_engine.staleness import staleness, staleness_stats
+
+__all__ = ["ActorRole"]
+
+log = logging.getLogger(__name__)
+
+
+class ActorRole:
+    """``cfg``: the run's config (a dict); ``bus``: a BusLink or a bus object; ``weights``: where new weights
+    go — the run's DCS coordinator (its Ray actor handle, or a coordinator object), or any object with
+    ``async push(state_dict, version)``."""
+
+    TASK = "actor"
+
+    def __init__(self, cfg: dict[str, Any], bus: Any, weights: Any, *, torch_threads: int | None = None,
+                 registry: Any = None, resume_from: str | None = None) -> None:
+        """``registry``: the run's replica registry (restart counts); ``resume_from``: a checkpoint folder to
+        continue from (model, optimizer, version; random states and clock are restored by :meth:`warmup`)."""
+        setup_replica(torch_threads)
+        self.cfg = RelaxConfig.model_validate(cfg)
+        seed = self.cfg.trainer.seed
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        self.model, self.processor = build_policy(self.cfg.model)
+        self.model.train()
+        self.actor = build_actor(self.cfg, self.model, self.processor)  # actor.backend: hf or megatron
+        self.rng = np.random.default_rng(seed)
+        self.version = 0
+        self._bus_source = bus
+        self._bus: Any = None
+        if hasattr(weights, "push") and not hasattr(weights, "push_plan"):
+            self.weights = weights
+        else:
+            from relax_gym.trainer.dcs.service import DCSPusher
+
+            self.weights = DCSPusher(weights, self.actor.hf_template, disk_dir=self.cfg.inference.sglang.disk_dir)
+        self._push_lock = asyncio.Lock()  # a catch-up push never overlaps a step's push
+        self._last_push: tuple[dict[str, torch.Tensor], int] | None = None  # what the engines serve
+        self._fatal: str | None = None
+        self.resumed: TrainerState | None = None
+        if resume_from is not None:
+            self.resumed = load_checkpoint(Path(resume_from), self.actor)
+            self.version = self.resumed.version
+        self._replacement = announce_replica(registry, "actor") > 1  # Serve restarted the actor in place
+
+    def _ready(self) -> Any:
+        if self._bus is None:
+            source = self._bus_source
+            self._bus = source.connect() if hasattr(source, "connect") else source
+        return self._bus
+
+    # -- before the RL loop ------------------------------------------------------------------------------------
+
+    async def warmup(self) -> dict[str, Any]:
+        """The SFT warm-up on format demonstrations (as the colocate trainer runs it), then the first weight push.
+        Answers the per-step SFT metrics and the policy version the engines now serve."""
+        self._refuse_if_replacement()
+        t = self.cfg.trainer
+        self._run_start = time.perf_counter()  # the learning-rate schedule's clock (see lr_schedule.progress)
+        rows: list[dict[str, float]] = []
+        if self.resumed is not None:  # no warm-up: the checkpoint's weights go to the engines under its version
+            restore_rng(self.resumed.rng, self.rng)
+            self._run_start -= self.resumed.elapsed_s
+            await self._push(bump=False)
+        elif t.sft_warmup_steps > 0:
+            rows = await asyncio.to_thread(self._sft)
+            await self._push()
+        return {"rows": rows, "version": self.version}
+
+    def _sft(self) -> list[dict[str, float]]:
+        cfg, t = self.cfg, self.cfg.trainer
+        env = relax_gym.make(cfg.env.id, **cfg.env.kwargs)
+        rows = []
+        try:
+            self.actor.set_lr(t.sft_lr)
+            for batch in warmup_batches(env, self.processor, self.rng, steps=t.sft_warmup_steps,
+                                        batch_size=t.sft_batch_size, random_answers=t.sft_random_answers):
+                rows.append(self.actor.sft_step(batch))
+        finally:
+            self.actor.set_lr(cfg.actor.lr)
+            env.close()
+        return rows
+
+    async def save_reference(self, directory: str) -> str:
+        """Save the current (warmed-up) policy as the frozen reference for the KL term."""
+        self._refuse_if_replacement()
+        frozen = self.actor.hf_model()
+        await asyncio.to_thread(save_policy, frozen, self.processor, directory)
+        return directory
+
+    async def _push(self, *, bump: bool = True) -> float:
+        t0 = time.perf_counter()
+        async with self._push_lock:
+            version = self.version + 1 if bump else self.version
+            state = {k: v.detach().cpu().clone() for k, v in self.actor.state_dict().items()}  # HF names
+            try:
+                await self.weights.push(state, version)
+            except Exception as exc:
+                self._fatal = f"the push of weight version {version} failed: {type(exc).__name__}: {exc}"
+                raise
+            self.version = version
+            self._last_push = (state, version)
+        return time.perf_counter() - t0
+
+    def _refuse_if_replacement(self) -> None:
+        if self._replacement:
+            raise ReplacedActorError("this actor replica replaced a dead one; its weights and optimizer are not the "
+                                     "run's (the controller restarts the run from its last checkpoint)")
+
+    async def catch_up(self, url: str) -> int:
+        """A replaced inference replica (engine at ``url``) asks for the weights the others serve: the last push
+        is sent again, to every engine and so to the new one, unless it holds that version already. Answers the
+        version it serves now."""
+        self._refuse_if_replacement()
+        async with self._push_lock:
+            if self._last_push is None:
+                return self.version  # nothing pushed yet: the first push reaches the new engine
+            state, version = self._last_push
+            if await asyncio.to_thread(_engine_version, url) == str(version):
+                return version
+            log.warning("engine %s joined behind weight version %d; pushing it again", url, version)
+            await self.weights.push(state, version)
+            return version
+
+    def check_health(self) -> None:
+        """Serve's health check: a failed weight push leaves engines paused or behind; the replica is then replaced
+        (and the controller restarts the run from its last checkpoint)."""
+        if self._fatal is not None:
+            raise RuntimeError(f"actor replica: {self._fatal}")
+
+    def __del__(self) -> None:
+        try:  # Serve drops the replica: release the backend (megatron's process group)
+            self.actor.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- one RL step ---------------------------------------------------------------------------------------------
+
+    def _tis_cap(self, max_staleness: int) -> float | None:
+        algo = self.cfg.algorithm
+        if algo.tis_cap is not None:
+            return algo.tis_cap
+        return self.cfg.trainer.off_policy_tis_cap if max_staleness >= 1 else None
+
+    async def train_step(self, partition: int, n_rows: int, group_size: int, *, max_staleness: int = 0,
+                         with_reference: bool = False, lr_decay_from: float | None = 0.0) -> dict[str, Any]:
+        """Train on the ``n_rows`` rows of ``partition`` as they become ready; one optimiser step; push weights.
+        ``lr_decay_from``: the run's progress at which the lr decay started (None: not yet, the lr holds at its
+        peak; the controller's :class:`~relax_gym.trainer.run.lr_schedule.DecayGate` decides)."""
+        self._refuse_if_replacement()
+        bus = self._ready()
+        algo, a, t = self.cfg.algorithm, self.cfg.actor, self.cfg.trainer
+        elapsed = time.perf_counter() - getattr(self, "_run_start", time.perf_counter())
+        fraction = decayed_fraction(progress(partition, t.steps, elapsed, t.time_budget_s), lr_decay_from)
+        self.actor.set_lr(lr_at(a.lr, a.lr_schedule, fraction, a.min_lr_ratio))
+        tis_cap = self._tis_cap(max_staleness)
+        fields = list(TRAIN_FIELDS) + (["ref_logprobs"] if with_reference else [])
+        fields += [ROUTING_FIELD] if routing_dims(self.cfg.model) is not None else []
+        trained_version = self.version  # the policy these gradients are taken at
+        batch_size = max(1, self.cfg.actor.micro_batch_size // group_size) * group_size  # whole groups per micro-batch
+        t_start = time.perf_counter()
+        wait = compute = 0.0
+        consumed: list[str] = []
+        stale: list[int] = []
+        versions: list[int] = []
+        partial_groups = trained = 0
+        replay: list[tuple[list[TrainItem], torch.Tensor, list[torch.Tensor] | None, list[torch.Tensor]]] = []
+
+        def fetch() -> asyncio.Task:
+            return asyncio.ensure_future(bus.fetch(partition, self.TASK, fields, batch_size, whole_groups=True))
+
+        self.actor.begin_stream()
+        pending = fetch()
+        while pending is not None:
+            t0 = time.perf_counter()
+            batch = await pending
+            wait += time.perf_counter() - t0
+            if batch is None:  # dropped partition: the run is stopping
+                break
+            items = train_items(list(batch.sample_ids), batch.fields)
+            got = len(consumed) + len(items)
+            pending = fetch() if got < n_rows else None  # the next micro-batch arrives while this one trains
+            sizes = Counter(it.group_id for it in items)
+            short = sum(1 for n in sizes.values() if n != group_size)
+            if short:  # only possible when a producer sealed a partition with a group left short
+                log.warning("step partition %d: %d group(s) arrived incomplete", partition, short)
+            partial_groups += short
+            for it in items:
+                if it.policy_versions:
+                    stale.append(staleness(trained_version, it.policy_versions))
+                    versions.extend(it.policy_versions)
+            live = [it for it in items if it.trained]
+            if live:
+                adv = torch.tensor([it.advantage for it in live], dtype=torch.float32)
+                refs = [it.ref_logprobs for it in live] if with_reference else None
+                t1 = time.perf_counter()
+                lps = await asyncio.to_thread(self.actor.stream_micro_batch, live, adv, algo, ref_logprobs=refs, tis_cap=tis_cap)
+                compute += time.perf_counter() - t1
+                trained += len(live)
+                if self.cfg.actor.epochs_per_step > 1:
+                    replay.append((live, adv, refs, lps))
+            await bus.ack(batch)
+            consumed.extend(batch.sample_ids)
+        t1 = time.perf_counter()
+        metrics = await asyncio.to_thread(self._finish, replay, tis_cap)
+        compute += time.perf_counter() - t1
+        sync_s = await self._push()
+        wall = time.perf_counter() - t_start
+        return {
+            "metrics": metrics, "version": self.version, "trained_version": trained_version, "sample_ids": consumed,
+            "episodes_trained": trained, "partial_groups": partial_groups, **staleness_stats(stale),
+            "rollout_version_min": min(versions) if versions else -1, "rollout_version_max": max(versions) if versions else -1,
+            "data_wait_s": wait, "time_train_s": compute, "time_sync_s": sync_s, "actor_step_s": wall,
+            "tis_cap": tis_cap,
+        }
+
+    def _finish(self, replay: list, tis_cap: float | None) -> dict[str, float]:
+        metrics = self.actor.end_stream()
+        algo = self.cfg.algorithm
+        for _ in range(self.cfg.actor.epochs_per_step - 1):  # further epochs over the kept micro-batches
+            self.actor.begin_stream()
+            for items, adv, refs, old in replay:
+                self.actor.stream_micro_batch(items, adv, algo, ref_logprobs=refs, old_logprobs=old, tis_cap=tis_cap)
+            metrics = self.actor.end_stream()
+        return metrics
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------
+
+    async def checkpoint(self, step: int, run_dir: str, extra: dict[str, Any] | None = None) -> str:
+        """The colocate trainer's layout (:mod:`~relax_gym.trainer.run.checkpoint`): ``checkpoints/step_NNNNNN/`` with
+        the model, the optimizer and the trainer state; ``extra``: what the controller adds (its ledger, the bus
+        cursor)."""
+        self._refuse_if_replacement()
+        elapsed = time.perf_counter() - getattr(self, "_run_start", time.perf_counter())
+        state = TrainerState(step=step, version=self.version, cursor=data_cursor(self.cfg.trainer, step),
+                             rng=capture_rng(self.rng), elapsed_s=elapsed, extra=dict(extra or {}))
+        out = await asyncio.to_thread(save_checkpoint, Path(run_dir), self.actor, state)
+        return str(out)
+
+    async def current_version(self) -> int:
+        return self.version
+
+
+def _engine_version(url: str) -> str | None:
+    from relax_gym.trainer.engines.client import EngineClient
+
+    with EngineClient(url, timeout=10.0, retries=2) as client:
+        return client.get_weight_version()

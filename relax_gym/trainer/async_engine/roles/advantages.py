@@ -1,0 +1,84 @@
+"""The advantages role: stateless; turns whole groups of rewards into per-sample advantages.
+
+It asks the bus for whole groups of a step's partition (``reward``, ``group_id``, ``trainable``), computes the
+group-relative advantage of every valid sample (the masked ones get 0: they never reach the loss), applies DAPO's
+dynamic-sampling filter when the algorithm asks for it (a group whose valid rewards are all equal carries no
+signal and is marked ``keep = False``), and writes ``advantages`` and ``keep`` back as new columns of the same
+rows. The numbers are those of the colocate trainer: the same functions, on the same groups.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from relax_gym.trainer.algorithms import AlgorithmConfig, group_advantages, identical_reward_groups
+from relax_gym.trainer.async_engine.replica import announce_replica
+
+__all__ = ["AdvantagesRole", "group_fields"]
+
+FIELDS = ["group_id", "reward", "trainable"]
+
+
+def group_fields(group_ids: list[int], rewards: list[float], trainable: list[bool], algo: AlgorithmConfig) -> tuple[dict[str, list[Any]], dict[str, int]]:
+    """``({"advantages": [...], "keep": [...]}, counts)`` for rows holding whole groups (any order)."""
+    n = len(group_ids)
+    adv, keep = [0.0] * n, [False] * n
+    valid = [i for i in range(n) if trainable[i]]
+    counts = {"groups": len(set(group_ids)), "zero_adv_groups": 0, "valid_groups": 0, "kept": 0, "masked": n - len(valid)}
+    if valid:
+        r = torch.tensor([rewards[i] for i in valid], dtype=torch.float32)
+        g = torch.tensor([group_ids[i] for i in valid], dtype=torch.long)
+        a = group_advantages(r, g, scale=algo.advantage_scale, negative_scale=algo.negative_advantage_scale)
+        same = identical_reward_groups(r, g)
+        kept = ~same if algo.dynamic_sampling else torch.ones(len(valid), dtype=torch.bool)
+        for j, i in enumerate(valid):
+            adv[i], keep[i] = float(a[j]), bool(kept[j])
+        by_group: dict[int, bool] = defaultdict(bool)
+        for j, i in enumerate(valid):
+            by_group[group_ids[i]] = bool(same[j])
+        counts["valid_groups"] = len(by_group)
+        counts["zero_adv_groups"] = sum(by_group.values())
+        counts["kept"] = sum(keep)
+    return {"advantages": adv, "keep": keep}, counts
+
+
+class AdvantagesRole:
+    """``algorithm``: the run's algorithm config (a dict); ``bus``: a BusLink or a bus object."""
+
+    TASK = "advantages"
+
+    def __init__(self, algorithm: dict[str, Any], bus: Any, *, registry: Any = None) -> None:
+        self.algo = AlgorithmConfig.model_validate(algorithm)
+        self._bus_source = bus
+        self._bus: Any = None
+        announce_replica(registry, "advantages")
+
+    def check_health(self) -> None:
+        """Serve's health check: the role is stateless, so answering at all (a responsive event loop) is the check."""
+
+    def _ready(self) -> Any:
+        if self._bus is None:
+            source = self._bus_source
+            self._bus = source.connect() if hasattr(source, "connect") else source
+        return self._bus
+
+    async def process(self, partition: int, n_rows: int, group_size: int) -> dict[str, int]:
+        """Write advantages for the ``n_rows`` rows of ``partition`` as their groups complete; answer counts
+        (groups, groups with identical rewards, kept samples, masked samples) for the step's metrics."""
+        bus = self._ready()
+        totals = {"groups": 0, "zero_adv_groups": 0, "valid_groups": 0, "kept": 0, "masked": 0, "rows": 0}
+        while totals["rows"] < n_rows:
+            batch = await bus.fetch(partition, self.TASK, FIELDS, group_size, whole_groups=True)
+            if batch is None:  # the partition was dropped (the run stopped early)
+                break
+            fields, counts = group_fields([int(x) for x in batch.fields["group_id"]], [float(x) for x in batch.fields["reward"]],
+                                          [bool(x) for x in batch.fields["trainable"]], self.algo)
+            await bus.put_fields(partition, list(batch.sample_ids), fields)
+            await bus.ack(batch)
+            for key, value in counts.items():
+                totals[key] += value
+            totals["rows"] += len(batch.sample_ids)
+        return totals

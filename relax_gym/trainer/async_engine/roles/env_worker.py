@@ -1,0 +1,198 @@
+"""The env-worker role: plays episodes (env ↔ inference) and writes each finished group to the data bus.
+
+The controller sends one call per prompt group (:meth:`EnvWorkerRole.run_group`), so Serve spreads groups over the
+replicas. The group's episodes run concurrently on envs from the replica's pool, through the same episode runner
+as the colocate trainer (:func:`~relax_gym.trainer.rollout.episode.run_episode`); the engine is the inference deployment,
+reached with SGLang's protocol over deployment-handle calls. Every engine answer carries the weight version that
+produced it, and the row keeps them all (``policy_versions``, one per turn; ``policy_version`` is the oldest).
+
+With ``trainer.stragglers: carry`` the controller sends groups without a partition: the worker plays the group,
+then asks the run's :class:`~relax_gym.trainer.async_engine.carry.CarrySlots` which partition it joins (the lowest with room,
+if the group is fresh enough) and puts it there; a group too stale for any is not put, and its answer says so
+(``partition`` None).
+
+The group is written with one ``put`` once all its episodes have ended: the advantages role needs whole groups,
+and a group re-sent after a replica failure then never leaves half a group (or a duplicate) on the bus. A failed
+episode (env or engine error, or anything unexpected around it) is written masked (``trainable`` False, loss
+mask all 0) and reported in the call's answer; it never fails the call.
+
+Recovery: engine calls that hit a dying inference replica are resent (the client's retries cover
+``roles.replica_wait_s`` while Serve replaces it); a group re-sent by the controller after this replica died finds
+its rows on the bus when the first attempt's put had landed, and keeps them. An env that failed outside the episode
+runner is replaced by a fresh one; a replica that cannot make one is reported unhealthy (Serve replaces it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import asdict
+from typing import Any
+
+import relax_gym
+from relax_gym.trainer.async_engine.carry import claim_slot
+from relax_gym.trainer.config import RelaxConfig
+from relax_gym.trainer.engines.client import AsyncEngineClient
+from relax_gym.trainer.engines.coalesce import CoalescingClient
+from relax_gym.trainer.engines.handle_transport import ServeHandleTransport
+from relax_gym.trainer.policy.moe import routing_dims
+from relax_gym.trainer.databus.core import DuplicateRowError
+from relax_gym.trainer.faults.hooks import SandboxHangs
+from relax_gym.trainer.async_engine.replica import announce_replica, build_processor_only, retries_within, setup_replica
+from relax_gym.trainer.rollout.episode import Trajectory, run_episode
+from relax_gym.trainer.rollout.samples import parse_version, summary_of, trajectory_row
+
+__all__ = ["EnvWorkerRole", "VersionTap"]
+
+log = logging.getLogger(__name__)
+
+
+class VersionTap:
+    """Wraps an engine client for one episode and keeps the weight version of every answer it got."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.versions: list[int] = []
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        out = await self.client.generate(*args, **kwargs)
+        version = parse_version(getattr(out, "weight_version", None))
+        if version is not None:
+            self.versions.append(version)
+        return out
+
+
+class EnvWorkerRole:
+    """``cfg``: the run's config (a dict); ``bus``: a :class:`~relax_gym.trainer.databus.link.BusLink` (or a bus
+    object, for in-process use); ``engine``: the inference deployment's app name, or an engine client."""
+
+    def __init__(self, cfg: dict[str, Any], bus: Any, engine: Any, *, pool_size: int = 32, eval_pool_size: int = 16,
+                 torch_threads: int | None = None, registry: Any = None, slots: Any = None) -> None:
+        """``slots``: the run's :class:`~relax_gym.trainer.async_engine.carry.CarrySlots` (its Ray actor handle, or the object
+        itself) when stragglers are carried; None otherwise."""
+        setup_replica(torch_threads)
+        self._slots = slots
+        self.cfg = RelaxConfig.model_validate(cfg)
+        self.processor = build_processor_only(self.cfg.model)
+        self.routing = routing_dims(self.cfg.model)  # MoE: record the routed experts of training episodes
+        self._bus_source, self._engine_source = bus, engine
+        self._bus: Any = None
+        self._client: Any = None
+        self._raw_client: AsyncEngineClient | None = None
+        env = self.cfg.env
+        self._train_envs = [relax_gym.make(env.id, **env.kwargs) for _ in range(pool_size)]
+        self._eval_envs = [relax_gym.make(env.id, **{**env.kwargs, **env.eval_kwargs}) for _ in range(eval_pool_size)]
+        self._train_pool: asyncio.Queue | None = None
+        self._eval_pool: asyncio.Queue | None = None
+        self._fatal: str | None = None
+        announce_replica(registry, "env_worker")
+
+    # -- set-up inside the replica's event loop ------------------------------------------------------------
+
+    def _ready(self) -> None:
+        if self._train_pool is not None:
+            return
+        self._train_pool, self._eval_pool = asyncio.Queue(), asyncio.Queue()
+        for env in self._train_envs:
+            self._train_pool.put_nowait(env)
+        for env in self._eval_envs:
+            self._eval_pool.put_nowait(env)
+        source = self._bus_source
+        self._bus = source.connect() if hasattr(source, "connect") else source
+        if isinstance(self._engine_source, str):
+            from ray import serve
+
+            handle = serve.get_app_handle(self._engine_source)
+            self._raw_client = AsyncEngineClient("http://inference.serve", transport=ServeHandleTransport(handle),
+                                                 retries=retries_within(self.cfg.roles.replica_wait_s))
+            self._client = CoalescingClient(self._raw_client, max_batch=self.cfg.inference.max_batch)
+        else:
+            self._client = self._engine_source
+
+    def _sampling(self, greedy: bool) -> dict[str, Any]:
+        inf = self.cfg.inference
+        return {"max_new_tokens": inf.max_new_tokens, "temperature": 0.0 if greedy else inf.temperature,
+                "top_p": 1.0 if greedy else inf.top_p}
+
+    # -- episodes --------------------------------------------------------------------------------------------
+
+    async def _episode(self, pool: asyncio.Queue, seed: int, group: int, greedy: bool) -> tuple[Trajectory, list[int]]:
+        env = await pool.get()
+        tap = VersionTap(self._client)
+        try:
+            traj = await run_episode(env, tap, self.processor, seed=seed, group_id=group, sampling_params=self._sampling(greedy),
+                                     max_turns=self.cfg.trainer.max_turns, routing=None if greedy else self.routing)
+        except Exception as exc:  # noqa: BLE001 - the runner masks env / engine errors; anything else is masked here
+            log.exception("episode seed %d failed outside the runner", seed)
+            traj = Trajectory(group_id=group, seed=seed, status="env_error", error=f"{type(exc).__name__}: {exc}")
+            env = self._fresh_env(env, greedy)
+        finally:
+            pool.put_nowait(env)
+        return traj, tap.versions
+
+    def _fresh_env(self, broken: Any, greedy: bool) -> Any:
+        """A new env in place of one whose episode failed outside the runner (it may be in any state)."""
+        e = self.cfg.env
+        try:
+            fresh = relax_gym.make(e.id, **({**e.kwargs, **e.eval_kwargs} if greedy else e.kwargs))
+        except Exception as exc:  # noqa: BLE001 - reported through the health check
+            self._fatal = f"cannot make a new {e.id!r} env: {type(exc).__name__}: {exc}"
+            return broken
+        envs = self._eval_envs if greedy else self._train_envs
+        envs[envs.index(broken)] = fresh
+        try:
+            broken.close()
+        except Exception:  # noqa: BLE001 - it is being thrown away
+            pass
+        return fresh
+
+    def check_health(self) -> None:
+        """Serve's health check (the call itself is the heartbeat): unhealthy once an env could not be replaced."""
+        if self._fatal is not None:
+            raise RuntimeError(f"env worker replica: {self._fatal}")
+
+    async def arm_fault(self, kind: str, count: int) -> None:
+        """Fault injection (``faults:``): ``sandbox_hang`` makes this replica's next ``count`` sandbox commands hang
+        until their timeout."""
+        if kind != "sandbox_hang":
+            raise ValueError(f"the env worker injects sandbox_hang faults, not {kind!r}")
+        SandboxHangs.arm(count)
+
+    async def run_group(self, partition: int | None, group: int, seeds: list[int], sample_ids: list[str], *,
+                        born: int | None = None) -> list[dict[str, Any]]:
+        """Play one prompt group (``seeds`` repeat the prompt's seed), put its rows on ``partition``, and answer
+        each episode's summary (reward, status, versions, and the partition it went to) for the controller.
+        ``partition`` None: carried stragglers — the group claims its partition once it has finished (``born``:
+        the steps trained when it was launched)."""
+        if len(seeds) != len(sample_ids):
+            raise ValueError(f"run_group: {len(seeds)} seeds for {len(sample_ids)} sample ids")
+        if partition is None and (self._slots is None or born is None):
+            raise ValueError("run_group without a partition needs the run's carry slots and the group's born step "
+                             "(trainer.stragglers=carry)")
+        self._ready()
+        played = await asyncio.gather(*(self._episode(self._train_pool, s, group, False) for s in seeds))
+        rows = [trajectory_row(traj, sid, versions) for (traj, versions), sid in zip(played, sample_ids)]
+        if partition is None:
+            partition = await claim_slot(self._slots, sample_ids[0], born)
+        if partition is not None:
+            try:
+                await self._bus.put(partition, rows)
+            except DuplicateRowError:  # a re-sent group whose first put landed before its replica died: those rows stay
+                log.warning("step partition %d group %d: already on the bus from an earlier attempt; keeping those rows",
+                            partition, group)
+        return [{**asdict(summary_of(traj, sid, versions)), "partition": partition}
+                for (traj, versions), sid in zip(played, sample_ids)]
+
+    async def evaluate(self, seeds: list[int]) -> list[dict[str, Any]]:
+        """Greedy episodes on the eval split (nothing goes to the bus); one summary per seed."""
+        self._ready()
+        played = await asyncio.gather(*(self._episode(self._eval_pool, s, i, True) for i, s in enumerate(seeds)))
+        return [asdict(summary_of(traj, f"eval-{s}", versions)) for (traj, versions), s in zip(played, seeds)]
+
+    def __del__(self) -> None:
+        for env in getattr(self, "_train_envs", []) + getattr(self, "_eval_envs", []):
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+
