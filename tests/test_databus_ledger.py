@@ -5,16 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax_gym.trainer.databus.core import (
-    BATCH,
-    EXHAUSTED,
-    WAIT,
-    DataBusInputError,
-    DeliveryLedger,
-    LeaseError,
-    column_dtypes,
-    group_key,
-)
+from relax_gym.trainer.databus.checks import column_dtypes, group_key
+from relax_gym.trainer.databus.ledger import BATCH, EXHAUSTED, WAIT, DeliveryLedger
+from relax_gym.trainer.databus.protocol import DataBusInputError, LeaseError
 
 
 class Clock:

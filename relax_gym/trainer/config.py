@@ -24,8 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from relax_gym.trainer.algorithms import AlgorithmConfig
 from relax_gym.trainer.config_loader import ConfigError, load_config
 from relax_gym.trainer.faults.schedule import FaultsSection
-from relax_gym.trainer.run.lr_schedule import LRSchedule
 from relax_gym.trainer.policy import PolicyConfig
+
+#: ``actor.lr_schedule``: how the RL phase's learning rate decays (relax_gym.trainer.run.lr_schedule)
+LRSchedule = Literal["constant", "linear", "cosine"]
 
 __all__ = ["ConfigError", "RelaxConfig", "load_recipe"]
 

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from relax_gym.trainer.algorithms import AlgorithmConfig
-from relax_gym.trainer.databus import DuplicateRowError, make_bus
-from relax_gym.trainer.databus.core import DeliveryLedger
 from relax_gym.trainer.async_engine.roles.advantages import AdvantagesRole
+from relax_gym.trainer.databus import DuplicateRowError, make_bus
+from relax_gym.trainer.databus.ledger import DeliveryLedger
 
 
 def rows(step: int, groups: int, size: int, reward=lambda g, m: float(m)) -> list[dict]:

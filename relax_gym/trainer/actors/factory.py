@@ -9,15 +9,17 @@ the streaming steps, ``state_dict`` / ``load_weights`` (HF names), ``hf_template
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relax_gym.trainer.actors.hf import HFActor
-from relax_gym.trainer.config import RelaxConfig
+
+if TYPE_CHECKING:  # the config tree sits above the actors (docs/architecture.md): a type hint only
+    from relax_gym.trainer.config import RelaxConfig
 
 __all__ = ["build_actor"]
 
 
-def build_actor(cfg: RelaxConfig, model: Any, processor: Any) -> HFActor:
+def build_actor(cfg: "RelaxConfig", model: Any, processor: Any) -> HFActor:
     a = cfg.actor
     kwargs: dict[str, Any] = dict(lr=a.lr, betas=a.betas, weight_decay=a.weight_decay, grad_clip=a.grad_clip,
                                   micro_batch_size=a.micro_batch_size, routing_replay=cfg.algorithm.routing_replay)

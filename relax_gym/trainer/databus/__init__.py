@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from relax_gym.trainer.databus.core import (
+from relax_gym.trainer.databus.protocol import (
     SAMPLE_ID,
     BusBatch,
     DataBus,

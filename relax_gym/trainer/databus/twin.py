@@ -18,21 +18,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax_gym.trainer.databus.core import (
-    BATCH,
-    EXHAUSTED,
-    SAMPLE_ID,
-    BusBatch,
-    DataBus,
-    DataBusError,
-    DeliveryLedger,
-    Stats,
+from relax_gym.trainer.databus.checks import (
     check_columns,
     check_fetch,
     check_partition,
     check_rows,
     check_task,
     column_dtypes,
+)
+from relax_gym.trainer.databus.ledger import BATCH, EXHAUSTED, DeliveryLedger, Stats
+from relax_gym.trainer.databus.protocol import (
+    SAMPLE_ID,
+    BusBatch,
+    DataBus,
+    DataBusError,
 )
 
 

@@ -2,7 +2,8 @@
 
 Nothing is downloaded. The training text is what our built-in environments say and what their gold policies
 answer (system prompts, questions, lettered options, ``<think>``/``<answer>`` actions, tool calls in JSON and tool
-responses), rendered through the chat template so that the role headers are learnt too, plus a fixed list of
+responses), stored with the package in ``tokenizer_corpus.json.gz`` (written by ``python -m
+relax_gym.trainer.tools.tokenizer_corpus``, so that the policy never imports the environments) and rendered through the chat template so that the role headers are learnt too, plus a fixed list of
 digits, letters and JSON punctuation. The pre-tokeniser is Qwen2's (digits split one by one, byte-level), so any
 text round-trips exactly, words never seen fall back to bytes, and numbers are spelled digit by digit.
 
@@ -22,6 +23,7 @@ processor written for the real checkpoint works with this one and vice versa. ``
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 import re
 import threading
@@ -39,6 +41,8 @@ __all__ = [
     "TAG_TOKENS",
     "TOKENIZER_VERSION",
     "build_tokenizer",
+    "render_text",
+    "stored_conversations",
     "training_corpus",
     "train_backend",
 ]
@@ -110,14 +114,10 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
-#: Environments whose text the tokenizer is trained on, with the seeds used and the kwargs that skip decoding.
-BUILTIN_ENVS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("nextqa-video", {"decode_on_reset": False}),
-    ("echo-ink", {"decode_on_reset": False}),
-    ("image-zoom", {}),
-    ("tool-use", {}),
-)
-CORPUS_SEEDS = 32
+#: The built-in environments' conversations the tokenizer is trained on, stored with the package (gzip'd JSON list of
+#: texts) so that the policy never imports the environments. ``python -m relax_gym.trainer.tools.tokenizer_corpus``
+#: writes it from the environments; a test checks that it still matches what they say.
+CORPUS_FILE = Path(__file__).with_name("tokenizer_corpus.json.gz")
 DEFAULT_VOCAB_SIZE = 1024
 
 _EXTRA_TEXT: tuple[str, ...] = (
@@ -130,37 +130,27 @@ _EXTRA_TEXT: tuple[str, ...] = (
 )
 
 
-def training_corpus(seeds: int = CORPUS_SEEDS) -> Iterator[str]:
-    """The texts the tokenizer is trained on: whole conversations of the built-in environments (opening,
-    gold actions and, where it needs no sandbox, the tool turns), rendered with :data:`CHAT_TEMPLATE`."""
-    import relax_gym  # local: the trainer may import envs, but only the corpus needs them
-    from relax_gym.omni import Message, TextPart
-
+def training_corpus() -> Iterator[str]:
+    """The texts the tokenizer is trained on: a fixed list of digits, letters and punctuation, then whole
+    conversations of the built-in environments (opening, gold actions and, where it needs no sandbox, the tool
+    turns) rendered with :data:`CHAT_TEMPLATE`, as stored in :data:`CORPUS_FILE`."""
     yield from _EXTRA_TEXT
-    for env_id, kwargs in BUILTIN_ENVS:
-        env = relax_gym.make(env_id, **kwargs).unwrapped
-        try:
-            for seed in range(seeds):
-                obs, info = env.reset(seed=seed)
-                conversation = list(obs)
-                gold = info["gold"]
-                conversation.append(Message(role="assistant", content=(TextPart(gold),)))
-                if env_id == "image-zoom":  # stepping runs the zoom tool in-process: cheap and deterministic
-                    for _ in range(env.max_turns):
-                        new, _, terminated, truncated, info = env.step(gold)
-                        conversation.extend(new)
-                        if terminated or truncated:
-                            break
-                        gold = info["gold"]
-                        conversation.append(Message(role="assistant", content=(TextPart(gold),)))
-                elif env_id == "tool-use":  # the python tool needs a sandbox: write the response it would give
-                    found = re.search(r"<answer>(.*?)</answer>", env.task.gold_answer)
-                    digits = found.group(1) if found else "0"
-                    conversation.append(Message(role="tool", content=(TextPart(f"<tool_response>\n{digits}\n</tool_response>"),)))
-                    conversation.append(Message(role="assistant", content=(TextPart(env.task.gold_answer),)))
-                yield _render_text(conversation)
-        finally:
-            env.close()
+    yield from stored_conversations()
+
+
+def stored_conversations(path: Path = CORPUS_FILE) -> list[str]:
+    """The environments' rendered conversations as :data:`CORPUS_FILE` holds them."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        texts = json.load(f)
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise ValueError(f"{path}: expected a JSON list of strings (rewrite it with python -m relax_gym.trainer.tools.tokenizer_corpus)")
+    return texts
+
+
+def render_text(messages) -> str:
+    """A conversation (messages of ``relax_gym.omni``) through :data:`CHAT_TEMPLATE` without a tokenizer (the same
+    output as ``apply_chat_template``); media parts become their placeholder tokens."""
+    return _render_text(messages)
 
 
 def _render_text(messages) -> str:
@@ -222,15 +212,15 @@ _lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=4)
-def _trained_json(vocab_size: int, seeds: int) -> str:
-    return train_backend(training_corpus(seeds), vocab_size).to_str()
+def _trained_json(vocab_size: int) -> str:
+    return train_backend(training_corpus(), vocab_size).to_str()
 
 
-def build_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, *, seeds: int = CORPUS_SEEDS, save_to: str | Path | None = None) -> PreTrainedTokenizerFast:
+def build_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, *, save_to: str | Path | None = None) -> PreTrainedTokenizerFast:
     """Train (once per process; cached) and wrap the tokenizer. ``save_to`` writes it with ``save_pretrained``;
     load it back with ``transformers.AutoTokenizer.from_pretrained`` (or ``PreTrainedTokenizerFast``)."""
     with _lock:
-        text = _trained_json(vocab_size, seeds)
+        text = _trained_json(vocab_size)
     tokenizer = wrap(Tokenizer.from_str(text))
     if save_to is not None:
         tokenizer.save_pretrained(str(save_to))

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any, Literal
+from typing import Any
 
-LRSchedule = Literal["constant", "linear", "cosine"]
+from relax_gym.trainer.config import LRSchedule
 
 __all__ = ["DecayGate", "LRSchedule", "decayed_fraction", "lr_at", "progress"]
 

@@ -92,3 +92,27 @@ def test_training_is_deterministic_across_processes(tok):
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     here = hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()
     assert other.stdout.strip().splitlines()[-1] == here
+
+
+def test_stored_corpus_is_what_the_environments_say():
+    """The tokenizer trains on a stored corpus (the policy never imports the environments); it must still be what
+    the built-in environments and their gold policies say, or the tokenizer silently drifts from them."""
+    from relax_gym.trainer.policy.tokenizer import stored_conversations
+    from relax_gym.trainer.tools.tokenizer_corpus import env_conversations
+
+    stored = stored_conversations()
+    assert len(stored) == 128 and any("<tool_response>" in t for t in stored) and any("<|VIDEO|>" in t for t in stored)
+    assert stored == list(env_conversations()), (
+        "the environments' text changed: run python -m relax_gym.trainer.tools.tokenizer_corpus "
+        "and bump TOKENIZER_VERSION")
+
+
+def test_a_damaged_corpus_file_names_itself(tmp_path):
+    import gzip
+
+    from relax_gym.trainer.policy.tokenizer import stored_conversations
+
+    bad = tmp_path / "corpus.json.gz"
+    bad.write_bytes(gzip.compress(b'{"not": "a list"}'))
+    with pytest.raises(ValueError, match="corpus.json.gz: expected a JSON list of strings"):
+        stored_conversations(bad)
