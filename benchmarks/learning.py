@@ -26,7 +26,7 @@ from rich.table import Table
 
 from relax_gym.trainer.colocate import ColocateTrainer
 from relax_gym.trainer.config import load_recipe
-from relax_gym.trainer.engines import bench as engine_bench
+from relax_gym.trainer.tools import engine_bench
 
 
 def _best_eval(run_dir: Path) -> tuple[float, int]:

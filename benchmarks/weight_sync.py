@@ -82,13 +82,13 @@ def run(quick: bool = False, *, repeats: int | None = None, bucket_mb: float = 6
     from relax_gym.trainer.dcs import DCSClient, DCSCoordinator, checkpoint_names
     from relax_gym.trainer.engines.client import EngineClient
     from relax_gym.trainer.engines.process import spawn_engine
-    from relax_gym.trainer.engines.weight_sync import flatten_tensors, tensor_digest
+    from relax_gym.trainer.dcs.group import GroupReceiver, flatten_tensors, tensor_digest
     from relax_gym.trainer.policy.model import PolicyConfig, build_policy
 
     repeats = repeats or (2 if quick else 3)
     sizes = (dict(hidden_size=768, intermediate_size=2048, num_layers=2, num_heads=12, num_kv_heads=4) if quick else
              dict(hidden_size=1024, intermediate_size=2816, num_layers=3, num_heads=16, num_kv_heads=4))
-    engine = spawn_engine(PolicyConfig(seed=0, **sizes), threads=1)
+    engine = spawn_engine(PolicyConfig(seed=0, **sizes), threads=1, weight_receiver=GroupReceiver())
     try:
         model, _ = build_policy(PolicyConfig(seed=1, **sizes))
         names = checkpoint_names(model)

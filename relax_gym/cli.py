@@ -304,7 +304,10 @@ def train(
             if event == "sft":
                 progress.update(sft, completed=data["step"], info=f"nll {data['sft_nll']:.3f}")
             elif event == "eval":
-                console.print(f"eval at step {data['step']}: reward {data['eval_reward']:.3f} accuracy {data['eval_accuracy']:.3f}")
+                parts = [f"{k[len('eval_'):]} {v:.3f}" for k, v in data.items()  # the reward and its components
+                         if k.startswith("eval_") and k not in ("eval_failed", "eval_tool_calls", "eval_policy_version")
+                         and isinstance(v, (int, float))]
+                console.print(f"eval at step {data['step']}: " + " ".join(parts))
             elif event == "step":
                 progress.start_task(rl)
                 progress.update(rl, completed=data["step"], info=(

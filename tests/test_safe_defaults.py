@@ -130,7 +130,7 @@ def test_weight_update_group_on_loopback_listens_on_loopback_only():
     on (the store's port and gloo's pairs) is bound to loopback -- the store serves unauthenticated reads and writes
     to whoever connects."""
     from relax_gym.trainer.dcs.transports import _free_port
-    from relax_gym.trainer.engines.weight_sync import WeightUpdateGroup
+    from relax_gym.trainer.dcs.group import WeightUpdateGroup
 
     port = _free_port("127.0.0.1")
     before = _own_listeners()
@@ -176,7 +176,7 @@ def test_transferqueue_servers_are_told_to_bind_loopback():
     address they ask Ray for is 127.0.0.1; outside it, Ray's own answer is back."""
     import ray.util
 
-    from relax_gym.trainer.databus.tq import LOOPBACK, _node_ip
+    from relax_gym.trainer.databus.tq_system import LOOPBACK, _node_ip
 
     original = ray.util.get_node_ip_address
     assert LOOPBACK == "127.0.0.1"

@@ -14,7 +14,6 @@ import json
 import logging
 import random
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +24,15 @@ import relax_gym
 from relax_gym.trainer.actors.factory import build_actor
 from relax_gym.trainer.actors.hf import HFActor
 from relax_gym.trainer.algorithms import group_advantages, identical_reward_groups, zero_advantage_share
-from relax_gym.trainer.run.checkpoint import (TrainerState, capture_rng, data_cursor, eval_history, load_checkpoint,
-                                          reference_model, restore_rng, resume_point, save_checkpoint)
+from relax_gym.trainer.run.checkpoint import (TrainerState, eval_history, load_checkpoint, reference_model, restore_rng,
+                                              resume_point, save_checkpoint, trainer_state)
 from relax_gym.trainer.config import RelaxConfig
-from relax_gym.trainer.run.warmup import warmup_batches
+from relax_gym.trainer.run.schedule import Schedule
+from relax_gym.trainer.run.seeds import eval_seeds, train_seeds
+from relax_gym.trainer.run.step_row import episodes_masked, eval_row, rollout_row, summary_end, summary_start
+from relax_gym.trainer.run.warmup import report_warmup_row, run_warmup
 from relax_gym.trainer.dcs.names import checkpoint_names
+from relax_gym.trainer.dcs.push import make_pusher
 from relax_gym.trainer.engines.coalesce import CoalescingClient
 from relax_gym.trainer.engines.factory import start_engine
 from relax_gym.trainer.faults.hooks import LocalFaults
@@ -39,6 +42,7 @@ from relax_gym.trainer.run.metrics import MetricsWriter
 from relax_gym.trainer.policy import build_policy
 from relax_gym.trainer.policy.moe import routing_dims
 from relax_gym.trainer.rollout.episode import Trajectory, run_episode
+from relax_gym.trainer.rollout.samples import summary_dict
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +68,11 @@ class ColocateTrainer:
         self.actor = build_actor(cfg, self.model, self.processor)  # actor.backend (megatron converts self.model)
         self.routing = routing_dims(cfg.model)  # MoE: training episodes record their routed experts
         # inference.engine: the embedded engine on a copy of the policy, or a launched SGLang server
-        self.engine_host = start_engine(cfg.inference, cfg.model, names=checkpoint_names(self.actor.hf_template), log_dir=self.run_dir,
+        self.engine_host = start_engine(cfg.inference, cfg.model, log_dir=self.run_dir,
                                         build=lambda: (self.actor.hf_model(), self.processor))
+        # every push goes through the DCS's one interface: in-process tensors for the embedded engine, NCCL/disk for SGLang
+        self.pusher = make_pusher(cfg.inference, names=checkpoint_names(self.actor.hf_template),
+                                  engine=getattr(self.engine_host, "engine", None), urls=[self.engine_host.url])
         self.client: CoalescingClient | None = None  # rollouts, made inside the running event loop
         self.ref_actor: HFActor | None = None  # frozen copy of the warmed-up policy, for the KL term
         self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard,
@@ -73,12 +80,13 @@ class ColocateTrainer:
         self.version = 0
         self.rng = np.random.default_rng(cfg.trainer.seed)
         self.lr_gate = DecayGate(cfg.actor.lr_hold_until_reward, cfg.actor.lr_hold_window)  # when the lr decay starts
+        self.schedule = Schedule(cfg.trainer)  # eval / checkpoint / stop after each step, and the run's clock
         self.faults = LocalFaults(FaultSchedule(cfg.faults, self.run_dir), getattr(self.engine_host, "engine", None))
         self.resumed: TrainerState | None = None
         if self.resume is not None and self.resume.path is not None:
             self.resumed = load_checkpoint(self.resume.path, self.actor)
             self.version = self.resumed.version
-            self.engine_host.push_weights(self.actor.state_dict(), self.version)
+            self.pusher.push(self.actor.state_dict(), self.version)
 
     # -- environment pools ----------------------------------------------------------------------------------
 
@@ -110,39 +118,23 @@ class ColocateTrainer:
         t = self.cfg.trainer
         if t.sft_warmup_steps == 0:
             return
-        lr = self.cfg.actor.lr
-        self.actor.set_lr(t.sft_lr)
-        batches = warmup_batches(env, self.processor, self.rng, steps=t.sft_warmup_steps, batch_size=t.sft_batch_size,
-                                 random_answers=t.sft_random_answers)
-        for step, batch in enumerate(batches):
-            m = self.actor.sft_step(batch)
-            self.progress("sft", {"step": step + 1, "of": t.sft_warmup_steps, **m})
-            self.metrics.write(-t.sft_warmup_steps + step, m)
-        self.actor.set_lr(lr)
+        run_warmup(self.actor, env, self.processor, self.rng, t, lr=self.cfg.actor.lr,
+                   on_row=lambda i, row: report_warmup_row(self.metrics, self.progress, t, i, row))
         self._sync_weights()
 
-    def _sync_weights(self) -> float:
-        t0 = time.perf_counter()
+    def _sync_weights(self) -> None:
         self.version += 1
-        self.engine_host.push_weights(self.actor.state_dict(), self.version)
-        return time.perf_counter() - t0
+        self.pusher.push(self.actor.state_dict(), self.version)
 
     async def evaluate(self, envs: asyncio.Queue) -> dict[str, float]:
         n = self.cfg.trainer.eval_episodes
-        trajs = await self._episodes(envs, [(500_000 + i, i) for i in range(n)], self._sampling(greedy=True))
-        ok = [t for t in trajs if t.status not in ("env_error", "engine_error")]
-        return {
-            "eval_reward": float(np.mean([t.reward for t in ok])) if ok else 0.0,
-            "eval_accuracy": float(np.mean([t.reward_breakdown.get("accuracy", 0.0) for t in ok])) if ok else 0.0,
-            "eval_format": float(np.mean([t.reward_breakdown.get("format", 0.0) for t in ok])) if ok else 0.0,
-            "eval_failed": len(trajs) - len(ok),
-            "eval_tool_calls": float(np.mean([t.info.get("tool_calls", 0) for t in ok])) if ok else 0.0,
-        }
+        trajs = await self._episodes(envs, [(s, i) for i, s in enumerate(eval_seeds(n))], self._sampling(greedy=True))
+        return {**eval_row([summary_dict(t) for t in trajs]), "eval_policy_version": self.version}
 
     def rl_step(self, trajs: list[Trajectory]) -> dict[str, float]:
         cfg = self.cfg
         valid = [t for t in trajs if t.trainable]
-        metrics: dict[str, float] = {"episodes_masked": len(trajs) - len(valid)}
+        metrics: dict[str, float] = {}
         if not valid:
             return metrics
         rewards = torch.tensor([t.reward for t in valid], dtype=torch.float32)
@@ -179,8 +171,8 @@ class ColocateTrainer:
 
     async def _loop(self) -> dict[str, float]:
         cfg, t = self.cfg, self.cfg.trainer
-        start = time.perf_counter()
         resumed = self.resumed
+        start = self.schedule.start(resumed.elapsed_s if resumed is not None else 0.0)
         if resumed is None:
             demo_env = relax_gym.make(cfg.env.id, **cfg.env.kwargs)
             await asyncio.to_thread(self.sft_warmup, demo_env)
@@ -196,10 +188,8 @@ class ColocateTrainer:
             self.progress("eval", {"step": 0, **last_eval})
         else:  # continue where the checkpoint left off: its clock, its random states, its next step
             last_eval, first_eval = eval_history(self.run_dir)
-            start -= resumed.elapsed_s
             restore_rng(resumed.rng, self.rng)
-        self._clock_start = start
-        summary = {"eval_reward_start": first_eval["eval_reward"], "eval_accuracy_start": first_eval["eval_accuracy"]}
+        summary = summary_start(first_eval)
         step = resumed.step if resumed else 0
         a = cfg.actor
         if resumed:
@@ -210,41 +200,32 @@ class ColocateTrainer:
             fraction = progress(step - 1, t.steps, t0 - start, t.time_budget_s)
             lr = lr_at(a.lr, a.lr_schedule, decayed_fraction(fraction, self.lr_gate.decay_from), a.min_lr_ratio)
             self.actor.set_lr(lr)
-            base_seed = t.seed * 10_000_019 + step * 1_000
-            seeds = [(base_seed + p, p) for p in range(t.prompts_per_step) for _ in range(t.group_size)]
+            seeds = train_seeds(t.seed, step, t.prompts_per_step, t.group_size)
             trajs = await self._episodes(train_envs, seeds, self._sampling(), self.routing)
             t1 = time.perf_counter()
             m = await asyncio.to_thread(self.rl_step, trajs)
             t2 = time.perf_counter()
-            sync_s = await asyncio.to_thread(self._sync_weights)
+            await asyncio.to_thread(self._sync_weights)
             t3 = time.perf_counter()
-            ok = [x for x in trajs if x.status not in ("env_error", "engine_error")]
-            statuses = Counter(x.status for x in trajs)
-            completion = sum(x.completion_tokens for x in trajs)
+            episodes = [summary_dict(x) for x in trajs]
             row = {
-                **m,
-                "reward_mean": float(np.mean([x.reward for x in ok])) if ok else 0.0,
-                "accuracy_mean": float(np.mean([x.reward_breakdown.get("accuracy", 0.0) for x in ok])) if ok else 0.0,
-                "format_mean": float(np.mean([x.reward_breakdown.get("format", 0.0) for x in ok])) if ok else 0.0,
-                **{f"status_{k}": v for k, v in statuses.items()},
+                "episodes_masked": episodes_masked(episodes), **m, **rollout_row(episodes, t1 - t0),
                 "policy_version": self.version, "lr": lr,
                 "time_rollout_s": t1 - t0, "time_train_s": t2 - t1, "time_sync_s": t3 - t2, "time_step_s": t3 - t0,
-                "rollout_tokens_per_s": completion / max(t1 - t0, 1e-9),
-                "elapsed_s": time.perf_counter() - start,
+                "elapsed_s": self.schedule.elapsed(),
             }
-            self.lr_gate.observe(row["reward_mean"], progress(step, t.steps, time.perf_counter() - start, t.time_budget_s))
-            over_budget = t.time_budget_s is not None and time.perf_counter() - start > t.time_budget_s
-            if step % t.eval_every == 0 or step == t.steps or over_budget:
+            self.lr_gate.observe(row["reward_mean"], progress(step, t.steps, self.schedule.elapsed(), t.time_budget_s))
+            plan = self.schedule.after(step)
+            if plan.eval:
                 last_eval = await self.evaluate(eval_envs)
                 row.update(last_eval)
             self.metrics.write(step, row)
             self.progress("step", {"step": step, "of": t.steps, **row, "eval_reward": last_eval["eval_reward"]})
-            if step % t.checkpoint_every == 0 or step == t.steps:
+            if plan.checkpoint:
                 self.checkpoint(step)
-            if over_budget:
+            if plan.stop:
                 break
-        summary.update({"eval_reward_end": last_eval["eval_reward"], "eval_accuracy_end": last_eval["eval_accuracy"],
-                        "steps": step, "elapsed_s": time.perf_counter() - start})
+        summary.update({**summary_end(last_eval), "steps": step, "elapsed_s": self.schedule.elapsed()})
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         for queue in (train_envs, eval_envs):
             while not queue.empty():
@@ -254,10 +235,8 @@ class ColocateTrainer:
     def checkpoint(self, step: int) -> Path:
         """``checkpoints/step_NNNNNN/``: the actor's model and optimizer (hf: save_pretrained; megatron:
         dist_checkpointing) and the trainer state (:mod:`~relax_gym.trainer.run.checkpoint`)."""
-        elapsed = time.perf_counter() - getattr(self, "_clock_start", time.perf_counter())
-        state = TrainerState(step=step, version=self.version, cursor=data_cursor(self.cfg.trainer, step),
-                             rng=capture_rng(self.rng), elapsed_s=elapsed,
-                             extra={"lr_gate": self.lr_gate.state()})
+        state = trainer_state(self.cfg.trainer, step=step, version=self.version, rng=self.rng,
+                              elapsed_s=self.schedule.elapsed(), extra={"lr_gate": self.lr_gate.state()})
         return save_checkpoint(self.run_dir, self.actor, state)
 
     def close(self) -> None:
@@ -267,4 +246,7 @@ class ColocateTrainer:
             try:
                 self.actor.close()
             finally:
-                self.engine_host.close()  # a launched SGLang server must go even if the others fail
+                try:
+                    self.pusher.close()
+                finally:
+                    self.engine_host.close()  # a launched SGLang server must go even if the others fail

@@ -16,8 +16,8 @@ from relax_gym.trainer.run.warmup import demonstration
 from relax_gym.trainer.engines.client import EngineClient
 from relax_gym.trainer.engines.embedded import EmbeddedEngine
 from relax_gym.trainer.engines.process import spawn_engine
-from relax_gym.trainer.engines.protocol import serialize_named_tensors
-from relax_gym.trainer.engines.weight_sync import tensor_digest
+from relax_gym.trainer.engines.admin_protocol import serialize_named_tensors
+from relax_gym.trainer.dcs.group import GroupReceiver, tensor_digest
 from relax_gym.trainer.policy import PolicyConfig, build_policy
 from relax_gym.trainer.actors.megatron.actor import CHECKPOINT_DIR, MegatronActor
 from relax_gym.trainer.rollout.episode import Trajectory
@@ -120,7 +120,7 @@ def test_dcs_push_from_the_megatron_actor_reaches_an_engine_process_with_hf_name
     _, actor = megatron_policy
     names = checkpoint_names(actor.hf_template)  # state_dict key -> checkpoint name, from the meta-device template
     assert names["model.audio_tower.conv1.weight"] == "audio_tower.conv1.weight"
-    engine = spawn_engine(PolicyConfig(seed=1))
+    engine = spawn_engine(PolicyConfig(seed=1), weight_receiver=GroupReceiver())
     try:
         with EngineClient(engine.url, timeout=60) as client:
             before = client.generate(text=PROMPT, sampling_params=GREEDY).output_ids

@@ -49,7 +49,7 @@ def test_actor_role_trains_and_pushes_hf_names_on_the_megatron_backend():
     async def main():
         bus = make_bus("inprocess")
         sink = WeightSink()
-        role = ActorRole(cfg.model_dump(mode="json"), bus, sink)
+        role = ActorRole(cfg.model_dump(mode="json"), bus, pusher=sink)
         try:
             assert isinstance(role.actor, MegatronActor)
             advantages = AdvantagesRole(cfg.algorithm.model_dump(mode="json"), bus)

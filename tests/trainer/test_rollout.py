@@ -9,7 +9,7 @@ import pytest
 
 import relax_gym
 from relax_gym.trainer.policy import build_policy
-from relax_gym.trainer.engines.protocol import media_data
+from relax_gym.trainer.engines.media_items import media_data
 from relax_gym.trainer.rollout.episode import run_episode
 
 

@@ -44,6 +44,10 @@ class HFActor:
         self.micro_batch_size = micro_batch_size
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas, weight_decay=weight_decay)
         self._blocked = torch.tensor(sorted(processor.control_token_ids), dtype=torch.long)
+        self._stream_total: float | None = None  # a streamed step's state (see begin_stream)
+        self._stream_weight = self._stream_live = 0.0
+        self._stream_forwarded = 0
+        self._stream_totals: dict[str, float] = {}
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -107,39 +111,26 @@ class HFActor:
 
     def rl_step(self, items: Sequence[Any], advantages: torch.Tensor, algo: AlgorithmConfig,
                 ref_logprobs: list[torch.Tensor] | None = None, epochs: int = 1) -> dict[str, float]:
-        """One RL update on ``items`` (objects with input_ids, loss_mask, mm, rollout_logprobs)."""
+        """One RL update on ``items`` (objects with input_ids, loss_mask, mm, rollout_logprobs), ``epochs`` passes:
+        the streamed step (:meth:`begin_stream`, :meth:`stream_micro_batch` per micro-batch, :meth:`end_stream`) on
+        a batch known in full, so each micro-batch is weighted by its share of the whole batch up front — the one
+        loss path of both trainer modes."""
         items = list(items)
-        self.routing_counts = RoutingCounts()
         old = self.logprobs(items, algo.temperature) if epochs > 1 else None
+        total = sum(self._raw_weights(items, algo.aggregation)) or 1.0
+        # A zero-advantage sample adds nothing to the policy-gradient loss (and, without a KL term, to the
+        # gradient): its share still counts in the normaliser, so leaving it out of the forward pass gives the same
+        # step for less compute (all-equal groups, and losers under negative_advantage_scale=0).
+        live = [i for i in range(len(items)) if algo.kl_coef > 0 or float(advantages[i]) != 0.0]
         metrics: dict[str, float] = {}
         for _ in range(epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            weights = self._shares(items, algo.aggregation)
-            totals: dict[str, float] = {}
-            # A zero-advantage sample adds nothing to the policy-gradient loss (and, without a KL term, to the
-            # gradient): its share still counts in the normaliser above, so leaving it out of the forward pass
-            # gives the same step for less compute (all-equal groups, and losers under negative_advantage_scale=0).
-            live = [i for i in range(len(items)) if algo.kl_coef > 0 or float(advantages[i]) != 0.0]
-            metrics_share = sum(weights[i] for i in live) or 1.0
+            self.begin_stream(total_weight=total)
             for idx in _chunks(live, self.micro_batch_size):
-                chunk = [items[i] for i in idx]
-                lps, mask = self.forward_logprobs(chunk, algo.temperature)
-                old_lps = lps.detach() if old is None else _stack([old[i] for i in idx], lps.shape)
-                rollout = _stack([torch.tensor(items[i].rollout_logprobs[1:], dtype=lps.dtype) for i in idx], lps.shape)
-                ref = _stack([ref_logprobs[i] for i in idx], lps.shape) if ref_logprobs is not None else None
-                kwargs = algo.loss_kwargs()
-                out = policy_loss(lps, old_lps, advantages[idx], mask, ref_logprobs=ref,
-                                  rollout_logprobs=rollout if kwargs.get("tis_cap") else None, **kwargs)
-                share = sum(weights[i] for i in idx)
-                (out.loss * share).backward()
-                for k, v in out.metrics.items():
-                    totals[k] = totals.get(k, 0.0) + v * share / metrics_share
-                totals["mismatch_kl"] = totals.get("mismatch_kl", 0.0) + share / metrics_share * _mismatch(lps.detach(), rollout, mask)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-            if live:
-                self.optimizer.step()
-            metrics = {**totals, "grad_norm": float(grad_norm), "samples_forwarded": float(len(live))}
-        return {**metrics, **self._routing_metrics()}
+                self.stream_micro_batch([items[i] for i in idx], advantages[idx], algo,
+                                        ref_logprobs=[ref_logprobs[i] for i in idx] if ref_logprobs is not None else None,
+                                        old_logprobs=[old[i] for i in idx] if old is not None else None)
+            metrics = self.end_stream()
+        return metrics
 
     def sft_step(self, items: Sequence[Any]) -> dict[str, float]:
         items = list(items)
@@ -168,9 +159,12 @@ class HFActor:
 
     # -- streaming steps: micro-batches trained as they arrive, one optimiser step at the end -------------------
 
-    def begin_stream(self) -> None:
-        """Start a streamed step: gradients are accumulated by :meth:`stream_micro_batch` until :meth:`end_stream`."""
+    def begin_stream(self, total_weight: float | None = None) -> None:
+        """Start a streamed step: gradients are accumulated by :meth:`stream_micro_batch` until :meth:`end_stream`.
+        ``total_weight``: the whole batch's raw loss weight when it is known up front (:meth:`rl_step`); each
+        micro-batch is then weighted by its share of it directly, instead of dividing the summed gradients at the end."""
         self.optimizer.zero_grad(set_to_none=True)
+        self._stream_total = total_weight
         self._stream_weight = 0.0  # every sample's raw share: the normaliser
         self._stream_live = 0.0  # the forwarded samples' share: the metrics' normaliser
         self._stream_forwarded = 0
@@ -195,7 +189,8 @@ class HFActor:
         self._stream_weight += sum(raw)
         live = [i for i in range(len(items)) if algo.kl_coef > 0 or float(advantages[i]) != 0.0]
         out_rows: list[torch.Tensor | None] = [None] * len(items)
-        weight = sum(raw[i] for i in live)
+        total = self._stream_total
+        weight = sum(raw[i] for i in live) if total is None else sum(raw[i] / total for i in live)
         if not live or weight == 0:
             return out_rows
         chunk = [items[i] for i in live]
@@ -222,13 +217,14 @@ class HFActor:
 
     def end_stream(self) -> dict[str, float]:
         """Finish a streamed step: normalise the accumulated gradients, clip, one optimiser step. Nothing to
-        learn from (no sample forwarded) means no step and no metrics."""
+        learn from (no sample forwarded) means no step (and no loss metrics: a zero gradient norm)."""
         if self._stream_live == 0:
             self.optimizer.zero_grad(set_to_none=True)
-            return {}
-        for p in self.model.parameters():
-            if p.grad is not None:
-                p.grad.div_(self._stream_weight)
+            return {"grad_norm": 0.0, "samples_forwarded": 0.0, **self._routing_metrics()}
+        if self._stream_total is None:  # the batch's weight is known only now
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.div_(self._stream_weight)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         self.optimizer.step()
         metrics = {k: v / self._stream_live for k, v in self._stream_totals.items()}
@@ -250,7 +246,7 @@ class HFActor:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
-    # -- what every actor backend offers besides training (see policy/megatron.py for the megatron one) ----------
+    # -- what every actor backend offers besides training (see actors/megatron/actor.py for the megatron one) ----------
 
     @property
     def hf_template(self) -> torch.nn.Module:

@@ -42,34 +42,32 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
-import os
 import random
 import time
-import uuid
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from relax_gym.trainer.databus.link import BusHost, BusLink
-from relax_gym.trainer.async_engine.carry import CarryFeeder, CarrySlots, claim_slot
+from relax_gym.trainer.async_engine.carry import CarryFeeder, claim_slot
+from relax_gym.trainer.async_engine.deploy import RoleSpec, Topology, ensure_ray, plan_roles, start_serve
+from relax_gym.trainer.async_engine.ledger import SampleLedger
 from relax_gym.trainer.run.checkpoint import REFERENCE_DIR, CheckpointError, ResumePoint, eval_history, resume_point
-from relax_gym.trainer.config import RelaxConfig, RoleSection
-from relax_gym.trainer.engines.factory import weight_transport
+from relax_gym.trainer.config import RelaxConfig
+from relax_gym.trainer.dcs.push import weight_transport
 from relax_gym.trainer.faults.schedule import FaultSchedule
 from relax_gym.trainer.run.lr_schedule import DecayGate, progress
 from relax_gym.trainer.run.metrics import MetricsWriter
+from relax_gym.trainer.run.schedule import Schedule
+from relax_gym.trainer.run.seeds import eval_seeds, prompt_seed
+from relax_gym.trainer.run.step_row import episodes_masked, eval_row, rollout_row, summary_end, summary_start
+from relax_gym.trainer.run.warmup import report_warmup_row
 from relax_gym.trainer.policy.moe import routing_dims
-from relax_gym.trainer.async_engine.recovery import (GlobalRestart, RecoveryError, ReplicaRegistry, Supervisor, is_replica_failure,
-                                        kill_replica, sample_step)
-from relax_gym.trainer.rollout.samples import masked_row, sample_id
+from relax_gym.trainer.async_engine.recovery import GlobalRestart, RecoveryError, is_replica_failure, kill_replica
+from relax_gym.trainer.rollout.samples import masked_row, masked_summary, sample_id
 from relax_gym.trainer.async_engine.staleness import StalenessGate
 from relax_gym.trainer.dcs.service import start_coordinator
 
-__all__ = ["AsyncTrainer", "RoleSpec", "plan_roles"]
+__all__ = ["AsyncTrainer", "RoleSpec", "ensure_ray", "plan_roles"]
 
 log = logging.getLogger(__name__)
 
@@ -77,85 +75,10 @@ GROUP_ATTEMPTS = 3  # a group whose env worker fails is re-sent (to any replica)
 EVAL_CHUNK = 8  # eval episodes per env-worker call
 
 
-@dataclass
-class RoleSpec:
-    """One role to deploy: its class (imported by path in the replica), constructor arguments and sizing."""
-
-    name: str
-    cls_path: str
-    args: tuple = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    section: RoleSection = field(default_factory=RoleSection)
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def plan_roles(cfg: RelaxConfig, bus: Any, coordinator: Any, app_prefix: str, *, registry: Any = None,
-               resume_from: str | None = None, slots: Any = None) -> list[RoleSpec]:
-    """The deployments of an async run, from the config (pure: no Ray calls). ``registry``: the replica registry
-    every role announces itself to; ``resume_from``: the checkpoint the actor starts from; ``slots``: the run's
-    carry slots (``trainer.stragglers: carry``), given to the env workers."""
-    t, roles = cfg.trainer, cfg.roles
-    plain = cfg.model_dump(mode="json")
-    per_step = t.prompts_per_step * t.group_size
-    in_flight = min(t.concurrency, per_step)  # colocate's per-step budget: all that carried stragglers keep running
-    if t.stragglers == "wait":
-        in_flight *= t.max_staleness + 1  # S + 1 steps at once
-    workers = roles.env_worker.replicas
-    specs = [
-        RoleSpec("inference", "relax_gym.trainer.async_engine.roles.inference:InferenceRole", (plain["model"], plain["inference"]),
-                 {"coordinator": coordinator, "torch_threads": roles.inference.torch_threads}, roles.inference),
-        RoleSpec("env_worker", "relax_gym.trainer.async_engine.roles.env_worker:EnvWorkerRole", (plain, bus, f"{app_prefix}-inference"),
-                 {"pool_size": _ceil_div(in_flight, workers), "eval_pool_size": _ceil_div(min(t.concurrency, t.eval_episodes), workers),
-                  "torch_threads": roles.env_worker.torch_threads, "slots": slots}, roles.env_worker),
-        RoleSpec("advantages", "relax_gym.trainer.async_engine.roles.advantages:AdvantagesRole", (plain["algorithm"], bus), {}, roles.advantages),
-        RoleSpec("actor", "relax_gym.trainer.async_engine.roles.actor:ActorRole", (plain, bus, coordinator),
-                 {"torch_threads": roles.actor.torch_threads}, roles.actor),
-    ]
-    if cfg.algorithm.kl_coef > 0:
-        specs.append(RoleSpec("reference", "relax_gym.trainer.async_engine.roles.reference:ReferenceRole", (plain, bus),
-                              {"torch_threads": roles.reference.torch_threads}, roles.reference))
-    for spec in specs:  # recovery: restart counts, late inference replicas catching up, the actor's checkpoint
-        spec.kwargs["registry"] = registry
-        if spec.name == "inference":
-            spec.kwargs["actor_app"] = f"{app_prefix}-actor"
-        if spec.name == "actor":
-            spec.kwargs["resume_from"] = resume_from
-    return specs
-
-
-def _import(path: str) -> type:
-    import importlib
-
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def ensure_ray(cfg: RelaxConfig) -> bool:
-    """Start a local Ray instance unless one is running (tests start their own); True when this call started it.
-    Logical CPUs: the machine's, or what the roles reserve plus room for Serve's own actors if that is more.
-    With ``RAY_ADDRESS`` set (``auto`` or ``host:port``), join that cluster instead: its nodes bring their own
-    CPUs and GPUs."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    os.environ.setdefault("TQ_NUM_THREADS", "2")
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, configure_logging=False, namespace="relax-gym")
-        return True
-    r = cfg.roles
-    reserved = sum(s.num_cpus * s.replicas for s in (r.env_worker, r.inference, r.reference, r.advantages, r.actor))
-    ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(reserved) + 4), include_dashboard=False,
-             log_to_driver=False, configure_logging=False, namespace="relax-gym")
-    return True
-
-
 class AsyncTrainer:
     """The async-mode counterpart of :class:`~relax_gym.trainer.colocate.ColocateTrainer` (same constructor, same
-    ``run`` / ``close``, same run-directory layout)."""
+    ``run`` / ``close``, same run-directory layout). Deployment: :mod:`~relax_gym.trainer.async_engine.deploy`; the
+    sample ledger: :mod:`~relax_gym.trainer.async_engine.ledger`; what both modes share: :mod:`relax_gym.trainer.run`."""
 
     def __init__(self, cfg: RelaxConfig, run_dir: Path, *, progress=None, resume: bool = False) -> None:
         """``resume``: continue ``run_dir`` from its latest checkpoint (``relax-gym train --resume``)."""
@@ -170,90 +93,35 @@ class AsyncTrainer:
         self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard,
                                      purge_step=self.resume.step + 1 if self.resume else None)
         self.faults = FaultSchedule(cfg.faults, self.run_dir)
-        self.supervisor: Supervisor | None = None
+        self.schedule = Schedule(cfg.trainer)  # eval / checkpoint / stop after each step, and the run's clock
+        self.topology = Topology(cfg)
+        self.ledger = SampleLedger(cfg.trainer)
         self.level1: Counter[str] = Counter()  # replicas replaced in topologies already torn down, by role
         self.level2 = 0  # global restarts
-        self.given_up: list[str] = []  # samples masked because their env worker never answered
-        self.regenerated = 0  # samples produced after a checkpoint and discarded by a global restart
         self.restarted_from: list[int] = []  # the checkpoint step each global restart resumed from
         self._side_tasks: list[asyncio.Task] = []  # fault injections in flight
         self._failure: asyncio.Future | None = None  # the first failure of a background task (see _spawn)
-        self.prefix = f"relax-{uuid.uuid4().hex[:8]}"
-        self.handles: dict[str, Any] = {}
-        self.apps: list[str] = []
-        self.actors: list[Any] = []
-        self.bus: Any = None
         self.version = 0
         self.base_version = 0
-        self.produced: list[str] = []
-        self.consumed: list[str] = []
-        self.placed: dict[str, int] = {}  # stragglers: carry — the partition each produced sample joined
-        self.discarded: list[str] = []  # stragglers: carry — samples too stale for any partition (never put)
-        self.carry_cursor = 0  # stragglers: carry — groups launched so far (the next launch number)
+        self.reference_path: str | None = None
         self.feeder: CarryFeeder | None = None
+        a = cfg.actor
+        self.lr_gate = DecayGate(a.lr_hold_until_reward, a.lr_hold_window)  # when the lr decay starts
         self._restore_ledger()
-        self._tq_owner: Any = None
         self._started_ray = False
         self._closed = False
 
-    # -- deployment --------------------------------------------------------------------------------------------
+    # the running topology, as the drive uses it
+    handles = property(lambda self: self.topology.handles)
+    bus = property(lambda self: self.topology.bus)
+    supervisor = property(lambda self: self.topology.supervisor)
+    prefix = property(lambda self: self.topology.prefix)
 
     def _start(self) -> None:
-        from ray import serve
-        from ray.serve.api import RunTarget
-
-        serve.start(proxy_location="Disabled")
-        import ray
-
-        coordinator = start_coordinator(f"{self.prefix}-dcs", transport=weight_transport(self.cfg.inference))
-        self.actors.append(coordinator)
-        link = self._bus_link()
-        r = self.cfg.roles
-        replicas = {"env_worker": r.env_worker.replicas, "inference": r.inference.replicas, "advantages": r.advantages.replicas,
-                    "actor": 1, **({"reference": r.reference.replicas} if self.cfg.algorithm.kl_coef > 0 else {})}
-        registry = ray.remote(num_cpus=0)(ReplicaRegistry).options(name=f"{self.prefix}-replicas").remote(replicas)
-        self.actors.append(registry)
-        self.supervisor = Supervisor(registry, budget=r.restart_budget, wait_s=r.replica_wait_s)
+        start_serve()
+        coordinator = start_coordinator(f"{self.topology.prefix}-dcs", transport=weight_transport(self.cfg.inference))
         resume_from = str(self.resume.path) if self.resume is not None and self.resume.path is not None else None
-        self.slots = None
-        t = self.cfg.trainer
-        if t.stragglers == "carry":
-            first = self.resume.step if self.resume is not None else 0
-            self.slots = ray.remote(num_cpus=0)(CarrySlots).options(name=f"{self.prefix}-slots").remote(
-                t.prompts_per_step, t.max_staleness, first=first, end=t.steps)
-            self.actors.append(self.slots)
-        specs = plan_roles(self.cfg, link, coordinator, self.prefix, registry=registry, resume_from=resume_from,
-                           slots=self.slots)
-        targets = []
-        for spec in specs:
-            s = spec.section
-            deployment = serve.deployment(
-                _import(spec.cls_path), name=spec.name, num_replicas=s.replicas, max_ongoing_requests=s.max_ongoing_requests,
-                ray_actor_options={"num_cpus": s.num_cpus, "num_gpus": s.num_gpus}, health_check_period_s=r.health_check_period_s,
-                health_check_timeout_s=max(60.0, 2 * r.health_check_period_s),
-                graceful_shutdown_timeout_s=5.0, logging_config={"log_level": "WARNING", "enable_access_log": False})
-            app = f"{self.prefix}-{spec.name}"
-            targets.append(RunTarget(deployment.bind(*spec.args, **spec.kwargs), name=app, route_prefix=None))
-            self.apps.append(app)
-        handles = serve.run_many(targets)
-        self.handles = {spec.name: handle for spec, handle in zip(specs, handles)}
-        self.bus = link.connect()
-
-    def _bus_link(self) -> BusLink:
-        import ray
-
-        kind = self.cfg.roles.bus
-        if kind == "inprocess":
-            host = ray.remote(num_cpus=0)(BusHost).options(name=f"{self.prefix}-bus", max_concurrency=100_000).remote()
-            self.actors.append(host)
-            return BusLink("hosted", host=host)
-        from relax_gym.trainer.databus import make_bus
-
-        # TransferQueue's actors start once per Ray session (or are reused); the run's rows live in its own scope
-        # (a new one after a global restart, while the actors started first stay up)
-        if self._tq_owner is None:
-            self._tq_owner = make_bus("transferqueue", start=True, scope=self.prefix)
-        return BusLink("transferqueue", options={"scope": self.prefix})
+        self.topology.start(coordinator, resume_from=resume_from, first_step=self.resume.step if self.resume is not None else 0)
 
     # -- the run -------------------------------------------------------------------------------------------------
 
@@ -270,28 +138,16 @@ class AsyncTrainer:
                 except GlobalRestart as exc:
                     await self._global_restart(exc)
         finally:
-            await self._close_bus()
-
-    async def _close_bus(self) -> None:
-        """The controller's bus connection, then (for TransferQueue) the actors this run started."""
-        bus, self.bus = self.bus, None
-        owner, self._tq_owner = self._tq_owner, None
-        for one in (bus, owner):
-            if one is not None:
-                try:
-                    await one.close()
-                except Exception:  # noqa: BLE001 - never mask the run's own error
-                    log.warning("closing the data bus failed", exc_info=True)
+            await self.topology.close_bus()
 
     async def _loop(self) -> dict[str, Any]:
-        cfg, t = self.cfg, self.cfg.trainer
-        start = time.perf_counter()
-        actor = self.handles["actor"]
+        t = self.cfg.trainer
         resumed = self.resume.state if self.resume is not None else None  # None: from the start (warm-up, eval)
+        start = self.schedule.start(float(resumed.extra.get("elapsed_s", resumed.elapsed_s)) if resumed is not None else 0.0)
+        actor = self.handles["actor"]
         warm = await self._actor(lambda: actor.warmup.remote(), "the warm-up")
         for i, row in enumerate(warm["rows"]):
-            self.progress("sft", {"step": i + 1, "of": t.sft_warmup_steps, **row})
-            self.metrics.write(-t.sft_warmup_steps + i, row)
+            report_warmup_row(self.metrics, self.progress, t, i, row)
         self.version = self.base_version = int(warm["version"])
         self.reference_path = None
         if "reference" in self.handles:
@@ -308,24 +164,23 @@ class AsyncTrainer:
             self.progress("eval", {"step": 0, **last_eval})
         else:  # continue after the checkpoint: its step, its clock
             last_eval, first_eval = eval_history(self.run_dir)
-            start -= float(resumed.extra.get("elapsed_s", resumed.elapsed_s))
-        summary: dict[str, Any] = {"eval_reward_start": first_eval["eval_reward"], "eval_accuracy_start": first_eval["eval_accuracy"]}
+        summary: dict[str, Any] = summary_start(first_eval)
         first = resumed.step if resumed is not None else 0
         gate = StalenessGate(t.max_staleness, trained=first)
         launched: dict[int, asyncio.Event] = {k: asyncio.Event() for k in range(first, t.steps)}
         rollouts: dict[int, asyncio.Task] = {}
         streams: dict[int, list[asyncio.Task]] = {}
+        ledger = self.ledger
         if t.stragglers == "carry":
             self.feeder = CarryFeeder(gate, groups_per_step=t.prompts_per_step, max_in_flight=self._groups_in_flight(),
-                                      first=first, end=t.steps, cursor=max(self.carry_cursor, first * t.prompts_per_step),
+                                      first=first, end=t.steps, cursor=max(ledger.carry_cursor, first * t.prompts_per_step),
                                       run_group=self._carried_group, seal=lambda j: self.bus.seal(j, self._rows_per_step()),
-                                      placed=self.placed, discarded=self.discarded, spawn=self._spawn)
+                                      placed=ledger.placed, discarded=ledger.discarded, spawn=self._spawn)
         feeder = self._spawn(self.feeder.run()) if self.feeder is not None else None
         launcher = self._spawn(self._launch(gate, launched, rollouts, streams, first))
         loop_start = time.perf_counter()
         previous = loop_start
         steps_done, waits = first, []
-        self._start_time = start
         try:
             for k in range(first, t.steps):
                 await launched[k].wait()
@@ -340,22 +195,20 @@ class AsyncTrainer:
                 stream_answers = await asyncio.gather(*streams.pop(k))
                 await self.bus.drop_partition(k)
                 now = time.perf_counter()
-                row = self._step_row(k, res, roll, stream_answers[0], step_s=now - previous, elapsed=now - start)
+                row = self._step_row(res, roll, stream_answers[0], step_s=now - previous, elapsed=now - start)
                 previous = now
                 steps_done = k + 1
                 waits.append((row["data_wait_s"], row["time_step_s"]))
-                self.lr_gate.observe(row["reward_mean"], progress(steps_done, t.steps, now - start, t.time_budget_s))
-                over_budget = t.time_budget_s is not None and time.perf_counter() - start > t.time_budget_s
-                if steps_done % t.eval_every == 0 or steps_done == t.steps or over_budget:
+                self.lr_gate.observe(row["reward_mean"], progress(steps_done, t.steps, self.schedule.elapsed(), t.time_budget_s))
+                plan = self.schedule.after(steps_done)
+                if plan.eval:
                     last_eval = await self._evaluate()
                     row.update(last_eval)
                 self.metrics.write(steps_done, row)
                 self.progress("step", {"step": steps_done, "of": t.steps, **row, "eval_reward": last_eval["eval_reward"]})
-                if steps_done % t.checkpoint_every == 0 or steps_done == t.steps:
+                if plan.checkpoint:
                     await self._checkpoint(steps_done)
-                if over_budget:
-                    if steps_done % t.checkpoint_every and steps_done != t.steps:
-                        await self._checkpoint(steps_done)
+                if plan.stop:
                     break
         finally:
             await gate.close()
@@ -367,16 +220,14 @@ class AsyncTrainer:
                 await self.feeder.stop()
             await self._abandon(rollouts, streams)
         loop_s = time.perf_counter() - loop_start
-        dup = sum(n - 1 for n in Counter(self.consumed).values() if n > 1)
         summary.update({
-            "eval_reward_end": last_eval["eval_reward"], "eval_accuracy_end": last_eval["eval_accuracy"],
-            "steps": steps_done, "elapsed_s": time.perf_counter() - start, "mode": "async", "max_staleness": t.max_staleness,
+            **summary_end(last_eval),
+            "steps": steps_done, "elapsed_s": self.schedule.elapsed(), "mode": "async", "max_staleness": t.max_staleness,
             "steps_per_hour": 3600.0 * (steps_done - first) / loop_s if loop_s > 0 else 0.0,
             "data_wait_fraction": _share(waits),  # actor waiting for data / wall time of its steps
             "data_wait_fraction_steady": _share(waits[t.max_staleness + 1 :]),  # once the pipeline is full
-            "samples_produced": len(self.produced), "samples_consumed": len(self.consumed), "samples_duplicated": dup,
-            "samples_unconsumed": len(set(self.produced) - set(self.consumed)), "policy_version": self.version,
-            "stragglers": t.stragglers, "samples_discarded_stale": len(self.discarded),
+            **ledger.figures(), "policy_version": self.version,
+            "stragglers": t.stragglers, "samples_discarded_stale": len(ledger.discarded),
             **await self._recovery_figures(steps_done),
         })
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -406,11 +257,10 @@ class AsyncTrainer:
     async def _rollout(self, k: int) -> dict[str, Any]:
         t = self.cfg.trainer
         t0 = time.perf_counter()
-        base_seed = t.seed * 10_000_019 + (k + 1) * 1_000  # the colocate trainer's seeds for step k + 1
-        groups = await asyncio.gather(*(self._group(k, p, base_seed + p) for p in range(t.prompts_per_step)))
+        groups = await asyncio.gather(*(self._group(k, p, prompt_seed(t.seed, k + 1, p)) for p in range(t.prompts_per_step)))
         await self.bus.seal(k, self._rows_per_step())
         episodes = [e for g in groups for e in g]
-        self.produced.extend(e["sample_id"] for e in episodes)
+        self.ledger.produced.extend(e["sample_id"] for e in episodes)
         return {"episodes": episodes, "time_rollout_s": time.perf_counter() - t0}
 
     def _groups_in_flight(self) -> int:
@@ -425,11 +275,11 @@ class AsyncTrainer:
         sample ids; the group claims its partition when it ends."""
         t = self.cfg.trainer
         launch_step, prompt = divmod(i, t.prompts_per_step)
-        seed = t.seed * 10_000_019 + (launch_step + 1) * 1_000 + prompt
+        seed = prompt_seed(t.seed, launch_step + 1, prompt)
         sids = [sample_id(launch_step + 1, prompt, m) for m in range(t.group_size)]
         answers = await self._group(None, i, seed, sids=sids, born=born)
         if answers and answers[0]["partition"] is not None:
-            self.produced.extend(sids)
+            self.ledger.produced.extend(sids)
         return answers
 
     async def _group(self, k: int | None, group: int, seed: int, *, sids: list[str] | None = None,
@@ -451,13 +301,11 @@ class AsyncTrainer:
                 log.warning("%s: env worker call failed (attempt %d of %d): %s", what, attempt + 1, GROUP_ATTEMPTS, exc)
         routing = routing_dims(self.cfg.model)
         if k is None:  # carried: the masked rows take the slot the group would have claimed
-            k = await claim_slot(self.slots, sids[0], born)
+            k = await claim_slot(self.topology.slots, sids[0], born)
         if k is not None:
             await self.bus.put(k, [masked_row(sid, group, seed, routing) for sid in sids])  # the step completes without them
-            self.given_up.extend(sids)
-        return [{"sample_id": sid, "group_id": group, "reward": 0.0, "status": "env_error", "trainable": False, "accuracy": 0.0,
-                 "format": 0.0, "completion_tokens": 0, "turns": 0, "tool_calls": 0, "error": f"{type(error).__name__}: {error}",
-                 "policy_versions": [], "partition": k} for sid in sids]
+            self.ledger.given_up.extend(sids)
+        return [masked_summary(sid, group, f"{type(error).__name__}: {error}", k) for sid in sids]
 
     async def _abandon(self, rollouts: dict[int, asyncio.Task], streams: dict[int, list[asyncio.Task]]) -> None:
         """A stopped run (time budget, failure): cancel the steps still in flight and drop their partitions (their
@@ -472,53 +320,38 @@ class AsyncTrainer:
             except Exception:  # noqa: BLE001 - best effort while stopping
                 log.debug("dropping partition %d failed", k, exc_info=True)
 
-    def _step_row(self, k: int, res: dict[str, Any], roll: dict[str, Any], adv: dict[str, int], *, step_s: float,
+    def _step_row(self, res: dict[str, Any], roll: dict[str, Any], adv: dict[str, int], *, step_s: float,
                   elapsed: float) -> dict[str, Any]:
+        """The colocate trainer's row (:mod:`~relax_gym.trainer.run.step_row`) plus what only this mode has:
+        versions, staleness, data wait, partial groups."""
         episodes = roll["episodes"]
-        self.consumed.extend(res["sample_ids"])
-        ok = [e for e in episodes if e["status"] not in ("env_error", "engine_error")]
-        statuses = Counter(e["status"] for e in episodes)
-        valid = sum(1 for e in episodes if e["trainable"])
-        row: dict[str, Any] = {"episodes_masked": len(episodes) - valid}
-        if valid:
+        self.ledger.consumed.extend(res["sample_ids"])
+        masked = episodes_masked(episodes)
+        row: dict[str, Any] = {"episodes_masked": masked}
+        if masked < len(episodes):
             row["zero_adv_group_share"] = adv["zero_adv_groups"] / max(adv["valid_groups"], 1)
             row["episodes_trained"] = res["episodes_trained"]
         row.update(res["metrics"])
-        completion = sum(e["completion_tokens"] for e in episodes)
         row.update({
-            "reward_mean": float(np.mean([e["reward"] for e in ok])) if ok else 0.0,
-            "accuracy_mean": float(np.mean([e["accuracy"] for e in ok])) if ok else 0.0,
-            "format_mean": float(np.mean([e["format"] for e in ok])) if ok else 0.0,
-            **{f"status_{s}": n for s, n in statuses.items()},
+            **rollout_row(episodes, roll["time_rollout_s"]),
             "policy_version": res["version"], "trained_version": res["trained_version"],
             "rollout_version_min": res["rollout_version_min"], "rollout_version_max": res["rollout_version_max"],
             "staleness_avg": res["staleness_avg"], "staleness_max": res["staleness_max"],
             "data_wait_s": res["data_wait_s"], "data_wait_fraction": res["data_wait_s"] / step_s if step_s > 0 else 0.0,
             "partial_groups": res["partial_groups"], "samples_consumed": len(res["sample_ids"]),
             "time_rollout_s": roll["time_rollout_s"], "time_train_s": res["time_train_s"], "time_sync_s": res["time_sync_s"],
-            "time_step_s": step_s, "rollout_tokens_per_s": completion / max(roll["time_rollout_s"], 1e-9),
-            "elapsed_s": elapsed,
+            "time_step_s": step_s, "elapsed_s": elapsed,
         })
         return row
 
     async def _evaluate(self) -> dict[str, float]:
-        """The colocate trainer's eval: greedy episodes on the eval split, seeds 500000 + i."""
-        n = self.cfg.trainer.eval_episodes
-        seeds = [500_000 + i for i in range(n)]
+        """The colocate trainer's eval: greedy episodes on the eval split (:func:`~relax_gym.trainer.run.seeds.eval_seeds`)."""
+        seeds = eval_seeds(self.cfg.trainer.eval_episodes)
         worker = self.handles["env_worker"]
-        chunks = [seeds[i : i + EVAL_CHUNK] for i in range(0, n, EVAL_CHUNK)]
+        chunks = [seeds[i : i + EVAL_CHUNK] for i in range(0, len(seeds), EVAL_CHUNK)]
         answers = await asyncio.gather(*(self.supervisor.call("env_worker", lambda c=c: worker.evaluate.remote(c), "eval")
                                          for c in chunks))
-        trajs = [e for a in answers for e in a]
-        ok = [e for e in trajs if e["status"] not in ("env_error", "engine_error")]
-        return {
-            "eval_reward": float(np.mean([e["reward"] for e in ok])) if ok else 0.0,
-            "eval_accuracy": float(np.mean([e["accuracy"] for e in ok])) if ok else 0.0,
-            "eval_format": float(np.mean([e["format"] for e in ok])) if ok else 0.0,
-            "eval_failed": len(trajs) - len(ok),
-            "eval_tool_calls": float(np.mean([e["tool_calls"] for e in ok])) if ok else 0.0,
-            "eval_policy_version": self.version,
-        }
+        return {**eval_row([e for a in answers for e in a]), "eval_policy_version": self.version}
 
     # -- recovery ------------------------------------------------------------------------------------------------
 
@@ -597,38 +430,18 @@ class AsyncTrainer:
         """The actor writes the checkpoint; the controller adds its sample ledger, the bus cursor and its clock.
         Rows of partitions after ``step`` are not saved: a resumed run regenerates them from their seeds, under
         the same sample ids."""
-        keep = lambda ids: [s for s in ids if self._trained_at(s) <= step]  # noqa: E731
-        extra = {"produced": keep(self.produced), "consumed": keep(self.consumed), "given_up": keep(self.given_up),
-                 "bus": {"next_partition": step, "partitions_done": step}, "lr_gate": self.lr_gate.state(),
-                 "elapsed_s": time.perf_counter() - getattr(self, "_start_time", time.perf_counter())}
-        if self.feeder is not None:  # carry: where each kept sample went, and the launch cursor (groups still
-            # running or placed after this step are not resumed: a resumed run launches from the cursor on)
-            extra["carry"] = {"cursor": self.feeder.cursor, "discarded": list(self.discarded),
-                              "placed": {sid: j for sid, j in self.placed.items() if j < step}}
+        extra = {**self.ledger.checkpoint_extra(step, self.feeder.cursor if self.feeder is not None else None),
+                 "lr_gate": self.lr_gate.state(), "elapsed_s": self.schedule.elapsed()}
         actor = self.handles["actor"]
         await self._actor(lambda: actor.checkpoint.remote(step, str(self.run_dir), extra), f"checkpoint {step}")
 
     def _restore_ledger(self) -> None:
-        """The sample ledger as the checkpoint being resumed saved it (empty when starting over)."""
+        """The sample ledger and the lr gate as the checkpoint being resumed saved them (empty when starting over)."""
         state = self.resume.state if self.resume is not None else None
-        extra = state.extra if state is not None else {}
-        dropped = [s for s in self.produced if state is None or self._trained_at(s) > state.step]
-        self.regenerated += len(dropped)
-        self.produced = list(extra.get("produced", []))
-        self.consumed = list(extra.get("consumed", []))
-        self.given_up = list(extra.get("given_up", []))
-        carry = extra.get("carry", {})
-        self.placed = {sid: int(j) for sid, j in carry.get("placed", {}).items()}
-        self.discarded = list(carry.get("discarded", []))
-        self.carry_cursor = int(carry.get("cursor", 0))
+        self.ledger.restore(state)
         a = self.cfg.actor
-        self.lr_gate = DecayGate.from_state(extra.get("lr_gate"), a.lr_hold_until_reward, a.lr_hold_window)  # when the lr decay starts
-
-    def _trained_at(self, sid: str) -> int:
-        """The step (from 1) that trains sample ``sid``: its launch step, or with carried stragglers the partition
-        it joined."""
-        j = self.placed.get(sid)
-        return j + 1 if j is not None else sample_step(sid)
+        extra = state.extra if state is not None else {}
+        self.lr_gate = DecayGate.from_state(extra.get("lr_gate"), a.lr_hold_until_reward, a.lr_hold_window)
 
     async def _global_restart(self, cause: GlobalRestart) -> None:
         """Level 2: tear the topology down and prepare to start it again from the latest checkpoint."""
@@ -638,67 +451,23 @@ class AsyncTrainer:
             raise RecoveryError(f"{cause}; the run already restarted {limit} time(s) (roles.max_global_restarts)") from cause
         log.warning("global restart %d (of at most %d): %s", self.level2, limit, cause)
         self.progress("restart", {"level": 2, "reason": str(cause)})
-        await self._count_level1()
-        await self._teardown()
+        self.level1.update(await self.topology.take_restarts())
+        await self.topology.teardown()  # the next start uses a new prefix
+        self._side_tasks = []
         self.metrics.close()
         self.resume = resume_point(self.run_dir, self.cfg.trainer)  # rewinds metrics.jsonl to the checkpoint
         self.restarted_from.append(self.resume.step)
         self.metrics = MetricsWriter(self.run_dir, tensorboard=self.cfg.metrics.tensorboard, purge_step=self.resume.step + 1)
         self._restore_ledger()
-        self.prefix = f"relax-{uuid.uuid4().hex[:8]}"
-
-    async def _count_level1(self) -> None:
-        """Add the current topology's replaced replicas to the run's level-1 count (before it is torn down)."""
-        if self.supervisor is not None:
-            try:
-                self.level1.update(await self.supervisor.restarts())
-            except Exception:  # noqa: BLE001 - the registry is gone with the topology
-                log.debug("reading the replica registry failed", exc_info=True)
-            self.supervisor = None
-
-    async def _teardown(self) -> None:
-        """Delete this topology's Serve applications and Ray actors (the TransferQueue actors stay up)."""
-        import ray
-        from ray import serve
-
-        bus, self.bus = self.bus, None
-        if bus is not None:
-            try:
-                await bus.close()
-            except Exception:  # noqa: BLE001 - the bus may be gone with the topology
-                log.debug("closing the bus connection failed", exc_info=True)
-        apps, self.apps = self.apps, []
-
-        def delete(app: str) -> None:
-            try:
-                serve.delete(app, _blocking=True)  # returns once its replicas are gone (their CPUs free again)
-            except Exception:  # noqa: BLE001 - best effort
-                log.debug("deleting %s failed", app, exc_info=True)
-
-        await asyncio.gather(*(asyncio.to_thread(delete, app) for app in apps))
-        for actor in self.actors:
-            try:
-                ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
-        self.actors, self.handles, self._side_tasks = [], {}, []
 
     async def _recovery_figures(self, steps_done: int) -> dict[str, Any]:
-        """Restarts by level, faults fired, and samples lost: ids the run should have trained (every step done)
-        that the actor never consumed, or that were masked because their env worker never answered."""
+        """Restarts by level, faults fired, and samples lost (:meth:`~relax_gym.trainer.async_engine.ledger.SampleLedger.lost`)."""
         level1 = Counter(self.level1)
         if self.supervisor is not None:
             level1.update(await self.supervisor.restarts())
-        t = self.cfg.trainer
-        if t.stragglers == "carry":  # the samples placed in the steps done
-            expected = {sid for sid, j in self.placed.items() if j < steps_done}
-        else:
-            expected = {sample_id(s, g, m) for s in range(1, steps_done + 1) for g in range(t.prompts_per_step)
-                        for m in range(t.group_size)}
-        lost = expected - set(self.consumed) | (set(self.given_up) & expected)
         return {"restarts_level1": {r: n for r, n in sorted(level1.items()) if n}, "restarts_level2": self.level2,
-                "restarted_from_steps": list(self.restarted_from),
-                "faults_injected": self.faults.counts(), "samples_lost": len(lost), "samples_regenerated": self.regenerated}
+                "restarted_from_steps": list(self.restarted_from), "faults_injected": self.faults.counts(),
+                "samples_lost": self.ledger.lost(steps_done), "samples_regenerated": self.ledger.regenerated}
 
     # -- teardown ------------------------------------------------------------------------------------------------
 
@@ -708,22 +477,7 @@ class AsyncTrainer:
         self._closed = True
         self.metrics.close()
         try:
-            import ray
-            from ray import serve
-
-            if ray.is_initialized():
-                for app in self.apps:
-                    try:
-                        serve.delete(app, _blocking=False)
-                    except Exception:  # noqa: BLE001 - best effort
-                        log.debug("deleting %s failed", app, exc_info=True)
-                if self.bus is not None or self._tq_owner is not None:  # the run never got to close them
-                    asyncio.run(self._close_bus())
-                for actor in self.actors:
-                    ray.kill(actor)
-                if self._started_ray:
-                    serve.shutdown()
-                    ray.shutdown()
+            self.topology.close(shutdown_ray=self._started_ray)
         except Exception:  # noqa: BLE001 - never mask the run's own error
             log.warning("async engine teardown failed", exc_info=True)
 

@@ -8,7 +8,7 @@ Actor side::
     report = dcs.push(actor.state_dict(), version=step)       # PushReport(bytes, seconds, buckets, transport, ...)
     dcs.close()
 
-Engine side, :class:`EngineLink` drives one engine through SGLang's HTTP protocol (so a real SGLang server and
+Engine side, :class:`~relax_gym.trainer.dcs.link.EngineLink` drives one engine through SGLang's HTTP protocol (so a real SGLang server and
 the embedded engine are handled alike): ``/pause_generation`` (``pause_mode``, ``"retract"`` by default: no
 request runs on a half-loaded model and SGLang can then flush its cache), the transport's loading calls
 (``/update_weights_from_distributed`` bucket by bucket or ``/update_weights_from_disk``; the last one carries the
@@ -29,7 +29,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import torch
@@ -43,127 +42,17 @@ from relax_gym.trainer.dcs.coordinator import (
     WeightMetadata,
     renamer,
 )
+from relax_gym.trainer.dcs.errors import (
+    DCSEngineError,
+    DCSError,
+    DCSPushError,
+    PushReport,
+)
+from relax_gym.trainer.dcs.group import dtype_name
+from relax_gym.trainer.dcs.link import EngineLink
 from relax_gym.trainer.dcs.transports import Transport, make_transport
-from relax_gym.trainer.engines.client import EngineClient, EngineError
 
 __all__ = ["DCSClient", "DCSEngineError", "DCSError", "DCSPushError", "EngineLink", "PushReport"]
-
-
-class DCSError(RuntimeError):
-    """A DCS operation could not be done (bad input, no engines, ...)."""
-
-
-class DCSEngineError(DCSError):
-    """One engine failed one step; ``url`` names it, ``step`` the protocol call, ``cause`` what went wrong."""
-
-    def __init__(self, url: str, step: str, cause: BaseException | str) -> None:
-        self.url, self.step, self.cause = url, step, cause
-        self.reason = str(cause).replace(url, "") or type(cause).__name__  # the URL is said once, up front
-        super().__init__(f"engine {url}: {step} failed: {self.reason}")
-
-
-class DCSPushError(DCSError):
-    """A push did not complete. ``url`` / ``step``: the failing engine (None when the actor's side failed) and
-    call; ``version``: the version that was being pushed; ``paused``: engines left paused."""
-
-    def __init__(self, message: str, *, url: str | None, step: str, version: Version, paused: Sequence[str] = ()) -> None:
-        super().__init__(message)
-        self.url, self.step, self.version, self.paused = url, step, version, tuple(paused)
-
-
-@dataclass(frozen=True)
-class PushReport:
-    """One completed push: ``bytes`` sent to each engine, wall ``seconds`` (stage + pause + load + resume),
-    ``buckets`` planned, the ``transport`` used, the ``version`` now live and on how many ``engines``;
-    ``phases``: seconds per step (``stage``, ``pause``, ``load``, ``resume``)."""
-
-    bytes: int
-    seconds: float
-    buckets: int
-    transport: str
-    version: Version = 0
-    engines: int = 0
-    phases: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.bytes / (1 << 20) / self.seconds if self.seconds > 0 else float("inf")
-
-
-class EngineLink:
-    """The engine-side steps of a push for one engine, over its HTTP protocol. Each method raises
-    :class:`DCSEngineError` naming the engine and the step."""
-
-    def __init__(self, info: EngineInfo, *, timeout_s: float = 300.0, retries: int = 1) -> None:
-        self.info = info
-        self.client = EngineClient(info.url, timeout=timeout_s, retries=retries, backoff_s=0.1)
-
-    @property
-    def url(self) -> str:
-        return self.info.url
-
-    @property
-    def rank(self) -> int:
-        return self.info.rank
-
-    def _call(self, step: str, fn: Callable[[], Any]) -> Any:
-        try:
-            result = fn()
-        except EngineError as exc:
-            raise DCSEngineError(self.url, step, exc) from exc
-        if isinstance(result, Mapping) and result.get("success") is False:
-            raise DCSEngineError(self.url, step, result.get("message", "the engine answered success=false"))
-        return result
-
-    def pause(self, mode: str = "retract") -> None:
-        self._call("pause_generation", lambda: self.client.pause_generation(mode))
-
-    def resume(self) -> None:
-        self._call("continue_generation", self.client.continue_generation)
-
-    def flush(self, timeout_s: float = 30.0) -> None:
-        """``/flush_cache``; SGLang refuses while requests are still being retracted, so it is retried."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                self.client.flush_cache()
-                return
-            except EngineError as exc:
-                if time.monotonic() >= deadline:
-                    raise DCSEngineError(self.url, "flush_cache", exc) from exc
-                time.sleep(0.1)
-
-    def join_group(self, master_address: str, master_port: int, world_size: int, group_name: str, backend: str) -> None:
-        self._call("init_weights_update_group", lambda: self.client.init_weights_update_group(
-            master_address, master_port, self.rank, world_size, group_name=group_name, backend=backend))
-
-    def leave_group(self, group_name: str) -> None:
-        """Best effort: an engine that is gone has left already."""
-        try:
-            self.client.destroy_weights_update_group(group_name)
-        except EngineError:
-            pass
-
-    def receive_distributed(self, metas: Sequence[TensorMeta], group_name: str, load_format: str | None,
-                            weight_version: str | None) -> None:
-        self._call("update_weights_from_distributed", lambda: self.client.update_weights_from_distributed(
-            [m.name for m in metas], [m.dtype for m in metas], [list(m.shape) for m in metas], group_name=group_name,
-            weight_version=weight_version, flush_cache=False, load_format=load_format))
-
-    def load_from_disk(self, path: str, weight_version: str) -> None:
-        self._call("update_weights_from_disk", lambda: self.client.update_weights_from_disk(
-            path, weight_version=weight_version, flush_cache=False))
-
-    def weight_version(self) -> str | None:
-        return self._call("get_weight_version", self.client.get_weight_version)
-
-    def supports_flattened(self) -> bool:
-        """Whether the engine advertises SGLang's ``flattened_bucket`` load format (our embedded engine does)."""
-        info = self._call("get_server_info", self.client.get_server_info)
-        return isinstance(info, Mapping) and "flattened_bucket" in (info.get("weight_update_load_formats") or [])
-
-    def close(self) -> None:
-        self.client.close()
 
 
 class DCSClient:
@@ -281,8 +170,6 @@ class DCSClient:
 
     def _items(self, state_dict: Mapping[str, torch.Tensor], meta: WeightMetadata) -> list[tuple[TensorMeta, torch.Tensor]]:
         """The state dict's tensors in the metadata's order, checked against it (names, shapes, dtypes)."""
-        from relax_gym.trainer.engines.weight_sync import dtype_name
-
         rename = renamer(self.names)
         expected = meta.by_name()
         by_name: dict[str, torch.Tensor] = {}

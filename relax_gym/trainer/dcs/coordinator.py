@@ -27,6 +27,7 @@ from typing import Any
 __all__ = ["Bucket", "DCSCoordinator", "EngineInfo", "PushPlan", "TensorMeta", "Version", "WeightMetadata", "plan_buckets", "renamer"]
 
 Version = int | str
+TRANSPORTS = ("tcp", "nccl", "disk")  # the transport names (built by dcs.transports.make_transport)
 MIB = 1 << 20
 
 
@@ -67,7 +68,7 @@ class WeightMetadata:
         function, or None for the keys themselves; :func:`~relax_gym.trainer.dcs.names.checkpoint_names` gives
         a transformers model's checkpoint spellings). A tensor sharing storage, offset, shape and strides with an
         earlier one is an alias: recorded, not sent."""
-        from relax_gym.trainer.engines.weight_sync import dtype_name
+        from relax_gym.trainer.dcs.group import dtype_name
 
         rename = renamer(names)
         tensors: list[TensorMeta] = []
@@ -144,8 +145,6 @@ class DCSCoordinator:
 
     def __init__(self, engines: Iterable[str] = (), *, bucket_mb: float = 256.0, transport: str = "tcp",
                  version: Version = 0) -> None:
-        from relax_gym.trainer.dcs.transports import TRANSPORTS
-
         if transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {transport!r} (choose from {', '.join(TRANSPORTS)})")
         self.bucket_mb = _check_bucket_mb(bucket_mb)

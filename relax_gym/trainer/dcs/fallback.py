@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from relax_gym.trainer.dcs.coordinator import Bucket, Version
+from relax_gym.trainer.dcs.errors import DCSEngineError
 from relax_gym.trainer.dcs.transports import DiskTransport, Items, NcclTransport, Transport
 
 if TYPE_CHECKING:
-    from relax_gym.trainer.dcs.client import EngineLink
+    from relax_gym.trainer.dcs.link import EngineLink
 
 __all__ = ["NcclOrDiskTransport"]
 
@@ -68,8 +69,6 @@ class NcclOrDiskTransport(Transport):
 
     def load(self, links: Sequence[EngineLink], items: Items, buckets: Sequence[Bucket], version: Version,
              staged: Any, *, epoch: int, pool: ThreadPoolExecutor) -> int:
-        from relax_gym.trainer.dcs.client import DCSEngineError
-
         if self._primary is None:
             return self._disk_transport().load(links, items, buckets, version, staged, epoch=epoch, pool=pool)
         primary = self._primary

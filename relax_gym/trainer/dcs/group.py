@@ -16,11 +16,16 @@ process can hold it next to its own default group. Its store keys follow the lay
 ``init_custom_process_group`` over torch's ``_new_process_group_helper``, see :func:`group_store`), so the NCCL
 end meets a real SGLang server; a CPU test checks the layout against torch's helper with gloo.
 
-Trainer side, against an engine behind :mod:`~relax_gym.trainer.engines.http_server`::
+Trainer side, against an engine that serves SGLang's protocol (``client``: anything with the engine client's
+``init_weights_update_group`` / ``update_weights_from_distributed`` methods)::
 
     group = init_weights_update_group_pair(client, "127.0.0.1", port)       # both ends meet
     push_weights_distributed(client, group, model.state_dict(), weight_version="7")
     client.destroy_weights_update_group(); group.destroy()
+
+Engine side: :class:`GroupReceiver` is what an engine joins and receives with. The embedded engine does not import
+this package; whoever composes engine and DCS hands it one (``start_engine(..., weight_receiver=GroupReceiver())``,
+``EmbeddedEngine(..., weight_receiver=...)``); without one the engine refuses ``/init_weights_update_group``.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
-    "BACKENDS", "FLATTENED_BUCKET", "WeightUpdateGroup", "check_backend", "dtype_from_name", "dtype_name",
+    "BACKENDS", "FLATTENED_BUCKET", "GroupReceiver", "WeightUpdateGroup", "check_backend", "dtype_from_name", "dtype_name",
     "flatten_tensors", "group_store", "init_weights_update_group_pair", "push_weights_distributed", "tensor_digest",
     "unflatten_tensors",
 ]
@@ -210,11 +215,62 @@ def unflatten_tensors(flat: torch.Tensor, dtypes: Sequence[torch.dtype], shapes:
 
 
 def tensor_digest(tensor: torch.Tensor) -> str:
-    """SHA-256 (hex) of a tensor's dtype, shape and raw bytes: equal digests mean bit-identical tensors."""
+    """SHA-256 (hex) of a tensor's dtype, shape and raw bytes: equal digests mean bit-identical tensors (the
+    digest the engines' ``/get_weights_checksum`` answers, see ``engines.admin_protocol.tensor_digest``)."""
     t = tensor.detach().to("cpu").contiguous()
     h = hashlib.sha256(f"{dtype_name(t.dtype)}{list(t.shape)}".encode())
     h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+class GroupReceiver:
+    """The engine's end of weight-update groups, injected into an engine by whoever composes engine and DCS.
+
+    ``join`` builds this engine's :class:`WeightUpdateGroup` (``ValueError`` / ``RuntimeError`` when it cannot);
+    ``receive`` takes one ``update_weights_from_distributed`` call's tensors off a group: one broadcast per tensor,
+    or with ``load_format="flattened_bucket"`` one broadcast into a ``uint8`` buffer kept per group and reused
+    (touching fresh memory for every bucket costs more than the copy itself). Callers serialise receives per
+    group. Picklable (it holds no state until it joins), so it can be handed to an engine in a child process."""
+
+    load_formats = (FLATTENED_BUCKET,)
+
+    def __init__(self) -> None:
+        self._buffers: dict[int, torch.Tensor] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._buffers = {}
+
+    def join(self, master_address: str, master_port: int, rank: int, world_size: int, *, group_name: str,
+             backend: str, timeout_s: float, device: torch.device | str | None = None) -> WeightUpdateGroup:
+        return WeightUpdateGroup(master_address, master_port, rank, world_size, group_name=group_name,
+                                 backend=backend, timeout_s=timeout_s, device=device if backend == "nccl" else None)
+
+    def receive(self, group: WeightUpdateGroup, dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
+                load_format: str | None = None) -> list[torch.Tensor]:
+        """The announced tensors, received from rank 0. ``ValueError`` for an unknown dtype (nothing received)."""
+        torch_dtypes = [dtype_from_name(d) for d in dtypes]
+        dims = [tuple(int(s) for s in shape) for shape in shapes]
+        if load_format == FLATTENED_BUCKET:
+            total = sum(torch.Size(d).numel() * torch.empty((), dtype=t).element_size() for t, d in zip(torch_dtypes, dims))
+            flat = self._buffer(group, total)
+            group.broadcast(flat, src=0)
+            return unflatten_tensors(flat, torch_dtypes, dims)
+        return [group.broadcast(torch.empty(dim, dtype=dtype, device=group.device), src=0)
+                for dtype, dim in zip(torch_dtypes, dims)]
+
+    def leave(self, group: WeightUpdateGroup) -> None:
+        self._buffers.pop(id(group), None)
+        group.destroy()
+
+    def _buffer(self, group: WeightUpdateGroup, nbytes: int) -> torch.Tensor:
+        buf = self._buffers.get(id(group))
+        if buf is None or buf.numel() < nbytes or buf.device != group.device:
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=group.device)
+            self._buffers[id(group)] = buf
+        return buf[:nbytes]
 
 
 def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
@@ -234,7 +290,7 @@ def _in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]
 def init_weights_update_group_pair(client: Any, master_address: str, master_port: int, *, world_size: int = 2,
                                    rank_offset: int = 1, group_name: str = DEFAULT_GROUP_NAME,
                                    timeout_s: float = 60.0) -> WeightUpdateGroup:
-    """Trainer side: ask the engine (``client``: an :class:`~relax_gym.trainer.engines.client.EngineClient`) to
+    """Trainer side: ask the engine (``client``: the engine's HTTP client, e.g. ``EngineClient``) to
     join as ``rank_offset`` while this process joins as rank 0; returns the trainer's end. With ``world_size``
     above 2 the other engines must be asked to join (by their own clients) before this returns."""
     thread, box = _in_thread(lambda: client.init_weights_update_group(

@@ -1,6 +1,6 @@
 """How the bytes of a push reach the engines.
 
-- ``tcp``: a torch.distributed ``gloo`` group (:class:`~relax_gym.trainer.engines.weight_sync.WeightUpdateGroup`;
+- ``tcp``: a torch.distributed ``gloo`` group (:class:`~relax_gym.trainer.dcs.group.WeightUpdateGroup`;
   the actor is rank 0) and SGLang's ``/update_weights_from_distributed``, bucket by bucket. When the engines
   accept SGLang's ``load_format="flattened_bucket"`` (the embedded engine advertises it in ``/get_server_info``),
   each bucket travels as one ``uint8`` broadcast per dtype; otherwise as one broadcast per tensor. Every engine
@@ -35,17 +35,17 @@ from urllib.parse import urlsplit
 
 import torch
 
-from relax_gym.trainer.dcs.coordinator import Bucket, TensorMeta, Version
-from relax_gym.trainer.engines.weight_sync import FLATTENED_BUCKET, WeightUpdateGroup, check_backend, flatten_tensors
+from relax_gym.trainer.dcs.coordinator import TRANSPORTS, Bucket, TensorMeta, Version
+from relax_gym.trainer.dcs.errors import DCSEngineError
+from relax_gym.trainer.dcs.group import FLATTENED_BUCKET, WeightUpdateGroup, check_backend, flatten_tensors
 
 if TYPE_CHECKING:
-    from relax_gym.trainer.dcs.client import EngineLink
+    from relax_gym.trainer.dcs.link import EngineLink
 
 __all__ = ["TRANSPORTS", "DiskTransport", "DistributedTransport", "NcclTransport", "TcpTransport", "Transport", "make_transport"]
 
 logger = logging.getLogger(__name__)
 
-TRANSPORTS = ("tcp", "nccl", "disk")
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 Items = Sequence[tuple[TensorMeta, torch.Tensor]]
@@ -53,7 +53,7 @@ Items = Sequence[tuple[TensorMeta, torch.Tensor]]
 
 class Transport(ABC):
     """Base: ``stage`` (engines still generating) then ``load`` (engines paused). ``load`` returns the bytes
-    it moved to each engine and raises :class:`~relax_gym.trainer.dcs.client.DCSEngineError` naming the engine
+    it moved to each engine and raises :class:`~relax_gym.trainer.dcs.errors.DCSEngineError` naming the engine
     that failed."""
 
     name = "base"
@@ -120,8 +120,6 @@ class DistributedTransport(Transport):
 
     def load(self, links: Sequence[EngineLink], items: Items, buckets: Sequence[Bucket], version: Version,
              staged: Any, *, epoch: int, pool: ThreadPoolExecutor) -> int:
-        from relax_gym.trainer.dcs.client import DCSEngineError
-
         group = self._ensure_group(links, epoch, pool)
         flat = self._use_flatten(links, pool)
         tensors = {meta.name: (meta, tensor) for meta, tensor in items}
@@ -178,8 +176,6 @@ class DistributedTransport(Transport):
 
     def _ensure_group(self, links: Sequence[EngineLink], epoch: int, pool: ThreadPoolExecutor) -> WeightUpdateGroup:
         """The current group, rebuilt when the topology changed or the last push broke it."""
-        from relax_gym.trainer.dcs.client import DCSEngineError
-
         members = tuple(link.url for link in links)
         if self._group is not None and self._group.alive and self._epoch == epoch and self._members == members:
             return self._group

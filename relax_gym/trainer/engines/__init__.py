@@ -1,14 +1,17 @@
 """Rollout engines behind SGLang's HTTP protocol.
 
-- :mod:`~relax_gym.trainer.engines.protocol`: SGLang's ``/generate`` and weight/admin request and response schemas
-  (pydantic), the media-item extension carrying relax sampling specs, the safetensors tensor codec.
+- :mod:`~relax_gym.trainer.engines.protocol`: SGLang's ``/generate`` request and response schemas (pydantic);
+  :mod:`~relax_gym.trainer.engines.media_items`: the media-item extension carrying relax sampling specs;
+  :mod:`~relax_gym.trainer.engines.admin_protocol`: the weight / admin requests and the safetensors tensor codec;
+  :mod:`~relax_gym.trainer.engines.validation`: validation errors as one line naming the fields.
 - :mod:`~relax_gym.trainer.engines.embedded`: :class:`EmbeddedEngine`, a thread-safe, dynamically batching engine
   on a transformers model (CPU or GPU), with weight updates (tensors, disk, torch.distributed broadcast) and
   pause / continue.
 - :mod:`~relax_gym.trainer.engines.http_server`: ``serve(engine)``, SGLang's native endpoints on the stdlib HTTP server.
 - :mod:`~relax_gym.trainer.engines.client`: :class:`EngineClient` / :class:`AsyncEngineClient` (httpx), speaking
   only the HTTP protocol, so they drive a real SGLang server too.
-- :mod:`~relax_gym.trainer.engines.weight_sync`: the trainer side of the distributed weight update.
+- :mod:`~relax_gym.trainer.engines.serve_client`: :class:`HandleEngineClient`, the async engine's env workers'
+  client: coalesced deployment-handle calls of the inference role (no HTTP, no JSON).
 - :mod:`~relax_gym.trainer.engines.openai_api`: the OpenAI-compatible chat endpoint and its session recorder.
 - :mod:`~relax_gym.trainer.engines.process`: ``spawn_engine``, an engine server in a child process.
 - :mod:`~relax_gym.trainer.engines.sglang`: ``launch_sglang``, a real SGLang server as a child process group, and
@@ -30,10 +33,11 @@ _EXPORTS = {
     "EngineServer": "http_server",
     "EngineClient": "client",
     "AsyncEngineClient": "client",
+    "CoalescingClient": "coalesce",
+    "HandleEngineClient": "serve_client",
     "GenerateOutput": "client",
     "EngineHTTPError": "client",
     "EngineConnectionError": "client",
-    "WeightUpdateGroup": "weight_sync",
     "OpenAIAPI": "openai_api",
     "SessionRecorder": "openai_api",
     "EngineProcess": "process",

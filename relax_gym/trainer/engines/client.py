@@ -27,9 +27,10 @@ from urllib.parse import quote
 import httpx
 import torch
 
-from relax_gym.trainer.engines.protocol import DEFAULT_GROUP_NAME, serialize_named_tensors
+from relax_gym.trainer.engines.admin_protocol import DEFAULT_GROUP_NAME, serialize_named_tensors
 
-__all__ = ["AsyncEngineClient", "EngineClient", "EngineConnectionError", "EngineError", "EngineHTTPError", "GenerateOutput"]
+__all__ = ["AsyncEngineClient", "EngineClient", "EngineConnectionError", "EngineError", "EngineHTTPError", "GenerateOutput",
+           "generate_batch_body", "generate_body"]
 
 T = TypeVar("T")
 
@@ -94,6 +95,42 @@ class GenerateOutput:
 
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
+
+
+def generate_body(input_ids: Sequence[int] | None = None, *, text: str | None = None, image_data: Any = None,
+                  video_data: Any = None, audio_data: Any = None, sampling_params: Mapping[str, Any] | None = None,
+                  return_logprob: bool = True, top_logprobs_num: int | None = None, rid: str | None = None,
+                  **extra: Any) -> dict[str, Any]:
+    """The ``/generate`` body (SGLang's ``GenerateReqInput`` as a dict) of one request."""
+    if (input_ids is None) == (text is None):
+        raise ValueError("give exactly one of input_ids / text")
+    return _drop_none({
+        "input_ids": [int(i) for i in input_ids] if input_ids is not None else None, "text": text,
+        "image_data": image_data or None, "video_data": video_data or None, "audio_data": audio_data or None,
+        "sampling_params": dict(sampling_params or {}), "return_logprob": return_logprob,
+        "top_logprobs_num": top_logprobs_num, "rid": rid, **extra,
+    })
+
+
+def generate_batch_body(input_ids: Sequence[Sequence[int]] | None = None, *, text: Sequence[str] | None = None,
+                        image_data: Sequence[Any] | None = None, video_data: Sequence[Any] | None = None,
+                        audio_data: Sequence[Any] | None = None,
+                        sampling_params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+                        return_logprob: bool = True, top_logprobs_num: int | None = None,
+                        rid: str | Sequence[str] | None = None, **extra: Any) -> dict[str, Any]:
+    """The ``/generate`` body of a batch request (per-request lists)."""
+    if (input_ids is None) == (text is None):
+        raise ValueError("give exactly one of input_ids / text")
+    sp: Any = dict(sampling_params or {}) if sampling_params is None or isinstance(sampling_params, Mapping) else [dict(s) for s in sampling_params]
+    return _drop_none({
+        "input_ids": [[int(i) for i in row] for row in input_ids] if input_ids is not None else None,
+        "text": list(text) if text is not None else None,
+        "image_data": list(image_data) if image_data is not None else None,
+        "video_data": list(video_data) if video_data is not None else None,
+        "audio_data": list(audio_data) if audio_data is not None else None,
+        "sampling_params": sp, "return_logprob": return_logprob, "top_logprobs_num": top_logprobs_num,
+        "rid": list(rid) if isinstance(rid, Sequence) and not isinstance(rid, str) else rid, **extra,
+    })
 
 
 def _error_message(response: httpx.Response) -> tuple[str, Any]:
@@ -172,14 +209,9 @@ class AsyncEngineClient:
                        top_logprobs_num: int | None = None, rid: str | None = None, **extra: Any) -> GenerateOutput:
         """One request: ``input_ids`` (media pad tokens expanded, as ``render`` writes them) or ``text``; media
         items as in :mod:`~relax_gym.trainer.engines.protocol` (``**media_data(messages)`` builds them)."""
-        if (input_ids is None) == (text is None):
-            raise ValueError("give exactly one of input_ids / text")
-        payload = _drop_none({
-            "input_ids": [int(i) for i in input_ids] if input_ids is not None else None, "text": text,
-            "image_data": image_data or None, "video_data": video_data or None, "audio_data": audio_data or None,
-            "sampling_params": dict(sampling_params or {}), "return_logprob": return_logprob,
-            "top_logprobs_num": top_logprobs_num, "rid": rid, **extra,
-        })
+        payload = generate_body(input_ids, text=text, image_data=image_data, video_data=video_data,
+                                audio_data=audio_data, sampling_params=sampling_params, return_logprob=return_logprob,
+                                top_logprobs_num=top_logprobs_num, rid=rid, **extra)
         data = await self._json("POST", "/generate", payload)
         if isinstance(data, list):
             raise EngineError(f"/generate answered a list of {len(data)} for a single request")
@@ -193,18 +225,9 @@ class AsyncEngineClient:
                              rid: str | Sequence[str] | None = None, **extra: Any) -> list[GenerateOutput]:
         """A batch request (one HTTP call): per-request media lists (an item list or None per request),
         ``sampling_params`` one dict for all or a list of dicts."""
-        if (input_ids is None) == (text is None):
-            raise ValueError("give exactly one of input_ids / text")
-        sp: Any = dict(sampling_params or {}) if sampling_params is None or isinstance(sampling_params, Mapping) else [dict(s) for s in sampling_params]
-        payload = _drop_none({
-            "input_ids": [[int(i) for i in row] for row in input_ids] if input_ids is not None else None,
-            "text": list(text) if text is not None else None,
-            "image_data": list(image_data) if image_data is not None else None,
-            "video_data": list(video_data) if video_data is not None else None,
-            "audio_data": list(audio_data) if audio_data is not None else None,
-            "sampling_params": sp, "return_logprob": return_logprob, "top_logprobs_num": top_logprobs_num,
-            "rid": list(rid) if isinstance(rid, Sequence) and not isinstance(rid, str) else rid, **extra,
-        })
+        payload = generate_batch_body(input_ids, text=text, image_data=image_data, video_data=video_data,
+                                      audio_data=audio_data, sampling_params=sampling_params,
+                                      return_logprob=return_logprob, top_logprobs_num=top_logprobs_num, rid=rid, **extra)
         data = await self._json("POST", "/generate", payload)
         if not isinstance(data, list):
             raise EngineError("/generate answered a single result for a batch request")
@@ -238,7 +261,7 @@ class AsyncEngineClient:
                                               flush_cache: bool = True, abort_all_requests: bool = False,
                                               load_format: str | None = None) -> dict[str, Any]:
         """Announce a broadcast; the trainer must broadcast the tensors meanwhile
-        (:func:`~relax_gym.trainer.engines.weight_sync.push_weights_distributed` does both). ``load_format``:
+        (the DCS's ``push_weights_distributed`` does both). ``load_format``:
         None for one broadcast per tensor, ``"flattened_bucket"`` for one broadcast of all their bytes."""
         return await self._json("POST", "/update_weights_from_distributed", _drop_none({
             "names": list(names), "dtypes": [str(d).removeprefix("torch.") for d in dtypes],

@@ -45,16 +45,8 @@ last tokens is decoded after every step). ``output_ids`` keep the matched token;
 token / everything from the stop string on, unless ``no_stop_trim``. ``{"type": "abort", ...}`` for aborted
 requests (their tokens so far are returned).
 
-**Weights.** :meth:`load_state_dict` (named tensors), :meth:`update_from_disk` (a ``save_policy`` /
-``save_pretrained`` directory or a ``.safetensors`` file; never pickles) and the distributed path
-(:meth:`init_weights_update_group`, :meth:`update_weights_from_distributed`: gloo, or nccl with the model on
-CUDA; one broadcast per tensor or SGLang's ``flattened_bucket`` format, one broadcast per call).
-:meth:`weights_checksum` gives SHA-256 digests of the current weights (a push can be checked bit for bit).
-Names are the model's
-``state_dict`` keys or their checkpoint spellings (what ``save_pretrained`` writes, with or without the full
-Qwen2.5-Omni model's ``thinker.`` prefix; ``talker.`` / ``token2wav.`` tensors are skipped). An update is
-validated completely (names, shapes) before any tensor is copied, and applied between batches under the model
-lock, so a batch never mixes weights. ``weight_version`` (a string) is reported in every response.
+**Weights** (:class:`~relax_gym.trainer.engines.weight_updates.WeightUpdates`, which the engine mixes in):
+named tensors, safetensors checkpoints and the distributed path; applied between batches under the model lock.
 
 **Pause.** :meth:`pause` stops new batches from starting: requests queue until :meth:`resume`. ``mode="abort"``
 first aborts the running batch (it stops at the next decode step; its requests finish with
@@ -73,173 +65,34 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from relax_gym.omni.render import concat_media
-from relax_gym.trainer.engines.protocol import (
-    EngineRequest,
-    FinishReason,
-    GenerateReqInput,
-    GenerateResponse,
-    MetaInfo,
-    SamplingParams,
-    deserialize_named_tensors,
-    parse_request,
-)
+from relax_gym.trainer.engines.protocol import EngineRequest, FinishReason, GenerateReqInput, GenerateResponse, MetaInfo, SamplingParams
+from relax_gym.trainer.engines.validation import parse_request
 from relax_gym.trainer.engines.shared_prefill import plan_sharing, prefill
 from relax_gym.trainer.policy.routers import RoutingRecorder, moe_routers
 from relax_gym.trainer.policy.routing import encode_routed_experts
-from relax_gym.trainer.engines.weight_sync import (
-    DEFAULT_GROUP_NAME,
-    FLATTENED_BUCKET,
-    WeightUpdateGroup,
-    dtype_from_name,
-    tensor_digest,
-    unflatten_tensors,
-)
+
+from relax_gym.trainer.engines.errors import EngineClosedError, EngineRequestError
+from relax_gym.trainer.engines.generation_hooks import ABORT_MESSAGE, LogprobRecorder, PendingRequest, PromptRow, RowStopper, finite_or_none
+from relax_gym.trainer.engines.weight_updates import WeightUpdates
 
 __all__ = ["EmbeddedEngine", "EngineClosedError", "EngineRequestError"]
 
 logger = logging.getLogger(__name__)
 
 _PAD_NAMES = {"image": "<|IMAGE|>", "video": "<|VIDEO|>", "audio": "<|AUDIO|>"}
-_SKIPPED_PREFIXES = ("talker.", "token2wav.")
-_ABORT_MESSAGE = "aborted by pause_generation(mode='abort') / abort_all_requests"
-
-
-class EngineRequestError(ValueError):
-    """A request the engine refuses (HTTP 400): malformed, unsupported, or inconsistent with its media."""
-
-    status_code = 400
-
-
-class EngineClosedError(RuntimeError):
-    """The engine was closed."""
-
-    status_code = 503
-
-
-# ---------------------------------------------------------------------------------------------- internals
-
-
-@dataclass
-class _Row:
-    """What ``processor.collate`` needs of a row."""
-
-    input_ids: list[int]
-    loss_mask: list[int]
-    mm: dict[str, torch.Tensor]
-
-
-@dataclass
-class _Pending:
-    req: EngineRequest
-    input_ids: list[int]
-    mm: dict[str, torch.Tensor]
-    stop_ids: frozenset[int]
-    stop_strs: list[str]
-    submitted: float
-    future: Future = field(default_factory=Future)
-
-    @property
-    def sp(self) -> SamplingParams:
-        return self.req.sampling_params
-
-
-class _LogprobRecorder(LogitsProcessor):
-    """Masks the control tokens and records ``log_softmax(scores / T)`` per step; the log-prob of the token
-    sampled at step ``s`` is gathered when step ``s + 1`` sees it (and by :meth:`finish` for the last one).
-    It runs after transformers' own processors (suppress tokens) and before the warpers (temperature, top-k,
-    top-p, min-p), so it sees the untruncated distribution."""
-
-    def __init__(self, temperature: float, control_ids: torch.Tensor, prompt_len: int, top_n: int) -> None:
-        self.temperature = float(temperature)
-        self.control_ids = control_ids
-        self.prompt_len = prompt_len
-        self.top_n = top_n
-        self.prev: torch.Tensor | None = None
-        self.token_logprobs: list[torch.Tensor] = []
-        self.top: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.control_ids.numel():
-            scores = scores.index_fill(1, self.control_ids.to(scores.device), float("-inf"))
-        if input_ids.shape[1] > self.prompt_len:
-            self._take(input_ids[:, -1])
-        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        self.prev = logp
-        if self.top_n:
-            values, indices = logp.topk(min(self.top_n, logp.shape[-1]), dim=-1)
-            self.top.append((values.cpu(), indices.cpu()))
-        return scores
-
-    def _take(self, tokens: torch.Tensor) -> None:
-        assert self.prev is not None
-        self.token_logprobs.append(self.prev.gather(1, tokens.view(-1, 1).to(self.prev.device)).squeeze(1).cpu())
-
-    def finish(self, sequences: torch.Tensor) -> None:
-        if len(self.token_logprobs) < sequences.shape[1] - self.prompt_len and self.prev is not None:
-            self._take(sequences[:, -1])
-
-    def row(self, b: int, n: int) -> list[float]:
-        return [float(self.token_logprobs[s][b]) for s in range(n)]
-
-    def top_row(self, b: int, n: int) -> list[list[tuple[float, int]]]:
-        return [list(zip(self.top[s][0][b].tolist(), self.top[s][1][b].tolist())) for s in range(min(n, len(self.top)))]
-
-
-class _RowStopper(StoppingCriteria):
-    """Per-row finishing in SGLang's order (length, stop token, stop string); everything on abort."""
-
-    def __init__(self, rows: Sequence[_Pending], prompt_len: int, decode: Any, abort: threading.Event) -> None:
-        self.rows = rows
-        self.prompt_len = prompt_len
-        self.decode = decode
-        self.abort = abort
-        self.ends: list[int | None] = [None] * len(rows)
-        self.reasons: list[FinishReason | None] = [None] * len(rows)
-        self.tails = [max((len(s) for s in p.stop_strs), default=0) + 2 for p in rows]
-
-    def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
-        n = input_ids.shape[1] - self.prompt_len
-        aborted = self.abort.is_set()
-        last = input_ids[:, -1].tolist()
-        for b, p in enumerate(self.rows):
-            if self.ends[b] is not None:
-                continue
-            reason: FinishReason | None = None
-            if aborted:
-                reason = FinishReason(type="abort", message=_ABORT_MESSAGE)
-            elif n >= p.sp.max_new_tokens:
-                reason = FinishReason(type="length", length=p.sp.max_new_tokens)
-            elif last[b] in p.stop_ids:
-                reason = FinishReason(type="stop", matched=int(last[b]))
-            elif p.stop_strs:
-                start = max(self.prompt_len, input_ids.shape[1] - self.tails[b])
-                tail = self.decode(input_ids[b, start:].tolist())
-                matched = next((s for s in p.stop_strs if s in tail), None)
-                if matched is not None:
-                    reason = FinishReason(type="stop", matched=matched)
-            if reason is not None:
-                self.ends[b], self.reasons[b] = n, reason
-        return torch.tensor([e is not None for e in self.ends], dtype=torch.bool, device=input_ids.device)
-
-
-def _finite(x: float) -> float | None:
-    return x if x == x and abs(x) != float("inf") else None
 
 
 # ---------------------------------------------------------------------------------------------- engine
 
 
-class EmbeddedEngine:
+class EmbeddedEngine(WeightUpdates):
     """The engine core (see the module doc). ``model``: a transformers generative model (the policy's thinker);
     ``processor``: its :class:`~relax_gym.trainer.policy.OmniProcessor` (or anything with the same
     ``collate`` / ``encode_media`` / ``encode_text`` / ``decode`` / ``media_token_ids`` / ``control_token_ids`` /
@@ -247,7 +100,7 @@ class EmbeddedEngine:
 
     def __init__(self, model: Any, processor: Any, *, max_batch: int = 16, batch_window_s: float = 0.005,
                  weight_version: str = "0", model_path: str | None = None, decode_cache: Any = "default",
-                 dist_timeout_s: float = 120.0, share_prefill: bool = True) -> None:
+                 dist_timeout_s: float = 120.0, share_prefill: bool = True, weight_receiver: Any = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if batch_window_s < 0:
@@ -261,6 +114,7 @@ class EmbeddedEngine:
         self.model_path = model_path
         self.dist_timeout_s = float(dist_timeout_s)
         self.share_prefill = bool(share_prefill)  # prefill identical prompts of a batch once (shared_prefill.py)
+        self.weight_receiver = weight_receiver  # joins weight-update groups and receives their broadcasts
         self._cache = default_cache if decode_cache == "default" else decode_cache
         self._weight_version = str(weight_version)
         model.eval()
@@ -285,15 +139,14 @@ class EmbeddedEngine:
         self.moe = bool(moe_routers(model))  # routed experts can be recorded (return_routed_experts)
 
         self._cv = threading.Condition()
-        self._queue: deque[_Pending] = deque()
+        self._queue: deque[PendingRequest] = deque()
         self._paused = False
         self._running = False
         self._closed = False
         self._abort_event = threading.Event()
         self._model_lock = threading.RLock()
         self._tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to share between threads
-        self._groups: dict[str, WeightUpdateGroup] = {}
-        self._recv_buffers: dict[str, torch.Tensor] = {}
+        self._groups: dict[str, Any] = {}
         self._group_locks: dict[str, threading.Lock] = {}
         self._groups_lock = threading.Lock()
         self._stats = {"requests": 0, "batches": 0, "generate_calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
@@ -449,7 +302,7 @@ class EmbeddedEngine:
         self._thread.join(timeout)
         with self._groups_lock:
             for group in self._groups.values():
-                group.destroy()
+                self.weight_receiver.leave(group)
             self._groups.clear()
 
     def __enter__(self) -> EmbeddedEngine:
@@ -458,227 +311,9 @@ class EmbeddedEngine:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # ------------------------------------------------------------------------------------------ public: weights
-
-    def load_state_dict(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-                        weight_version: str | None = None, *, abort_all_requests: bool = False) -> str:
-        """Copy named tensors into the model (all validated first; applied between batches). Returns a message."""
-        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
-        plan = self._plan([(name, tuple(t.shape)) for name, t in items])
-        if abort_all_requests:
-            self.abort_all()
-        by_name = dict(items)
-        with self._model_lock, torch.no_grad():
-            for name, key in plan:
-                self._state[key].copy_(by_name[name])
-            self._bump(weight_version)
-        return f"Loaded {len(plan)} tensors (weight version {self._weight_version})."
-
-    def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], *, load_format: str | None = None,
-                                   weight_version: str | None = None, abort_all_requests: bool = False) -> str:
-        """SGLang's ``update_weights_from_tensor``: one payload per TP rank (exactly one here), each base64
-        safetensors (:func:`~relax_gym.trainer.engines.protocol.serialize_named_tensors`)."""
-        if load_format not in (None, "safetensors", "auto"):
-            raise EngineRequestError(f"load_format={load_format!r} is not supported (the payload is base64 safetensors)")
-        if len(serialized_named_tensors) != 1:
-            raise EngineRequestError(f"serialized_named_tensors needs one entry per tensor-parallel rank; the embedded "
-                                     f"engine has 1, got {len(serialized_named_tensors)}")
-        try:
-            tensors = deserialize_named_tensors(serialized_named_tensors[0])
-        except ValueError as exc:
-            raise EngineRequestError(str(exc)) from None
-        return self.load_state_dict(tensors, weight_version=weight_version, abort_all_requests=abort_all_requests)
-
-    def update_from_disk(self, path: str | Path, *, load_format: str | None = None, weight_version: str | None = None,
-                         abort_all_requests: bool = False) -> str:
-        """Load the ``*.safetensors`` of a checkpoint directory (``save_policy`` / ``save_pretrained``, sharded
-        or not) or one ``.safetensors`` file. Pickle checkpoints (``.bin`` / ``.pt``) are refused."""
-        from safetensors import safe_open
-
-        if load_format not in (None, "auto", "safetensors"):
-            raise EngineRequestError(f"load_format={load_format!r} is not supported (safetensors checkpoints only)")
-        root = Path(path)
-        if root.is_file():
-            files = [root] if root.suffix == ".safetensors" else []
-        elif root.is_dir():
-            files = sorted(root.glob("*.safetensors"))
-        else:
-            raise EngineRequestError(f"model_path {str(root)!r} does not exist")
-        if not files:
-            pickles = sorted(p.name for p in (root.glob("*") if root.is_dir() else [root]) if p.suffix in (".bin", ".pt", ".pth"))
-            hint = f" (found {pickles}: pickle checkpoints are never loaded; save with safetensors)" if pickles else ""
-            raise EngineRequestError(f"no .safetensors weights at {str(root)!r}{hint}")
-        shapes: list[tuple[str, tuple[int, ...]]] = []
-        where: dict[str, Path] = {}
-        for f in files:
-            with safe_open(str(f), framework="pt") as fh:
-                for name in fh.keys():
-                    shapes.append((name, tuple(fh.get_slice(name).get_shape())))
-                    where[name] = f
-        plan = self._plan(shapes)
-        if not plan:
-            raise EngineRequestError(f"no tensor of {str(root)!r} belongs to this model")
-        if abort_all_requests:
-            self.abort_all()
-        with self._model_lock, torch.no_grad():
-            by_file: dict[Path, list[tuple[str, str]]] = {}
-            for name, key in plan:
-                by_file.setdefault(where[name], []).append((name, key))
-            for f, entries in by_file.items():
-                with safe_open(str(f), framework="pt") as fh:
-                    for name, key in entries:
-                        self._state[key].copy_(fh.get_tensor(name))
-            self._bump(weight_version)
-            self.model_path = str(root)
-        return f"Loaded {len(plan)} tensors from {str(root)!r} (weight version {self._weight_version})."
-
-    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                  group_name: str = DEFAULT_GROUP_NAME, backend: str = "gloo") -> str:
-        """Join the trainer's weight-update group as rank ``rank_offset`` (blocks until all ranks meet).
-        ``backend``: ``"gloo"``, or ``"nccl"`` when the model is on a CUDA device (tensors arrive on it)."""
-        if backend == "nccl" and self._device.type != "cuda":
-            raise EngineRequestError(f"backend 'nccl' needs the model on a CUDA device; this engine runs on "
-                                     f"{self._device} (use 'gloo')")
-        if backend not in ("gloo", "nccl"):
-            raise EngineRequestError(f"backend {backend!r} is not available in the embedded engine; use 'gloo' "
-                                     "(or 'nccl' with the model on CUDA)")
-        with self._groups_lock:
-            if group_name in self._groups:
-                raise EngineRequestError(f"weight update group {group_name!r} already exists (destroy it first)")
-            self._group_locks.setdefault(group_name, threading.Lock())
-        try:
-            group = WeightUpdateGroup(master_address, master_port, rank_offset, world_size, group_name=group_name,
-                                      backend=backend, timeout_s=self.dist_timeout_s,
-                                      device=self._device if backend == "nccl" else None)
-        except (ValueError, RuntimeError) as exc:
-            raise EngineRequestError(f"could not join weight update group {group_name!r}: {exc}") from None
-        with self._groups_lock:
-            self._groups[group_name] = group
-        return f"Joined weight update group {group_name!r} as rank {rank_offset} of {world_size}."
-
-    def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
-                                        group_name: str = DEFAULT_GROUP_NAME, *, weight_version: str | None = None,
-                                        abort_all_requests: bool = False, load_format: str | None = None) -> str:
-        """Receive the announced tensors from rank 0, then apply them like :meth:`load_state_dict`. By default
-        one broadcast per tensor (in order, with the announced dtypes / shapes); with
-        ``load_format="flattened_bucket"`` (SGLang's name) one broadcast of a ``uint8`` tensor holding all their
-        bytes back to back (:func:`~relax_gym.trainer.engines.weight_sync.unflatten_tensors`). Everything
-        announced is received even when a name turns out to be wrong (so the group stays in step); the error is
-        raised after."""
-        if not len(names) == len(dtypes) == len(shapes):
-            raise EngineRequestError("names, dtypes and shapes need the same length")
-        if load_format not in (None, "auto", FLATTENED_BUCKET):
-            raise EngineRequestError(f"load_format={load_format!r} is not supported for distributed updates "
-                                     f"(null for one broadcast per tensor, or {FLATTENED_BUCKET!r})")
-        with self._groups_lock:
-            group = self._groups.get(group_name)
-            lock = self._group_locks.get(group_name)
-        if group is None or lock is None:
-            raise EngineRequestError(f"no weight update group {group_name!r} (call init_weights_update_group first)")
-        try:
-            torch_dtypes = [dtype_from_name(d) for d in dtypes]
-        except ValueError as exc:
-            raise EngineRequestError(f"dtypes: {exc}") from None
-        dims = [tuple(int(s) for s in shape) for shape in shapes]
-        with lock:  # one update per group at a time: the receive buffer is reused
-            if load_format == FLATTENED_BUCKET:
-                total = sum(torch.Size(d).numel() * torch.empty((), dtype=t).element_size() for t, d in zip(torch_dtypes, dims))
-                flat = self._receive_buffer(group_name, total, group.device)
-                group.broadcast(flat, src=0)
-                tensors = unflatten_tensors(flat, torch_dtypes, dims)
-            else:
-                tensors = []
-                for dtype, dim in zip(torch_dtypes, dims):
-                    tensors.append(group.broadcast(torch.empty(dim, dtype=dtype, device=group.device), src=0))
-            return self.load_state_dict(list(zip(names, tensors)), weight_version=weight_version,
-                                        abort_all_requests=abort_all_requests)
-
-    def _receive_buffer(self, group_name: str, nbytes: int, device: torch.device) -> torch.Tensor:
-        """A ``uint8`` buffer of ``nbytes`` for a flattened receive, kept per group and reused (touching fresh
-        memory for every bucket costs more than the copy itself); it grows to the largest bucket seen."""
-        buf = self._recv_buffers.get(group_name)
-        if buf is None or buf.numel() < nbytes or buf.device != device:
-            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            self._recv_buffers[group_name] = buf
-        return buf[:nbytes]
-
-    def weights_checksum(self, names: Sequence[str] | None = None) -> dict[str, str]:
-        """SHA-256 digests (:func:`~relax_gym.trainer.engines.weight_sync.tensor_digest`) of the current
-        weights, by the names given (state_dict keys or checkpoint spellings) or of every state_dict key.
-        Taken under the model lock (never mid-update). Unknown names are an :class:`EngineRequestError`."""
-        if names is None:
-            wanted = [(k, k) for k in self._state]
-        else:
-            unknown = [n for n in names if n not in self._names]
-            if unknown:
-                raise EngineRequestError(f"{len(unknown)} unknown tensor name(s): {list(unknown)[:5]}")
-            wanted = [(n, self._names[n]) for n in names]
-        with self._model_lock:
-            return {name: tensor_digest(self._state[key]) for name, key in wanted}
-
-    def destroy_weights_update_group(self, group_name: str = DEFAULT_GROUP_NAME) -> str:
-        with self._groups_lock:
-            group = self._groups.pop(group_name, None)
-            self._recv_buffers.pop(group_name, None)
-        if group is None:
-            raise EngineRequestError(f"no weight update group {group_name!r}")
-        group.destroy()
-        return f"Destroyed weight update group {group_name!r}."
-
-    # ------------------------------------------------------------------------------------------ weights: internals
-
-    def _build_name_map(self) -> dict[str, str]:
-        """Accepted tensor name → state_dict key: the keys themselves, their checkpoint spellings (what
-        ``save_pretrained`` writes, via transformers' reverse key mapping) and those with a ``thinker.`` prefix."""
-        names = {k: k for k in self._state}
-        try:
-            from transformers.core_model_loading import revert_weight_conversion
-
-            plain = self.model.state_dict()
-            key_of = {id(v): k for k, v in plain.items()}
-            for ckpt_name, tensor in revert_weight_conversion(self.model, dict(plain)).items():
-                key = key_of.get(id(tensor))
-                if key is not None:
-                    names.setdefault(ckpt_name, key)
-        except Exception:  # noqa: BLE001 - older / newer transformers: runtime names still work
-            logger.debug("no checkpoint key mapping available; only state_dict names are accepted", exc_info=True)
-        for name, key in list(names.items()):
-            names.setdefault(f"thinker.{name}", key)
-        return names
-
-    def _plan(self, shapes: Sequence[tuple[str, tuple[int, ...]]]) -> list[tuple[str, str]]:
-        """Validate names and shapes; ``[(given name, state_dict key)]``; skipped: talker / token2wav tensors."""
-        plan, unknown, wrong = [], [], []
-        for name, shape in shapes:
-            if name.startswith(_SKIPPED_PREFIXES):
-                continue
-            key = self._names.get(name)
-            if key is None:
-                unknown.append(name)
-                continue
-            want = tuple(self._state[key].shape)
-            if tuple(shape) != want:
-                wrong.append(f"{name}: got {list(shape)}, the model has {list(want)}")
-                continue
-            plan.append((name, key))
-        if unknown or wrong:
-            parts = []
-            if unknown:
-                parts.append(f"{len(unknown)} unknown tensor name(s): {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
-            if wrong:
-                parts.append(f"{len(wrong)} shape mismatch(es): {wrong[:5]}{' ...' if len(wrong) > 5 else ''}")
-            raise EngineRequestError("weight update refused, nothing was loaded: " + "; ".join(parts))
-        return plan
-
-    def _bump(self, weight_version: str | None) -> None:
-        if weight_version is not None:
-            self._weight_version = str(weight_version)
-        with self._cv:
-            self._stats["weight_updates"] += 1
-
     # ------------------------------------------------------------------------------------------ requests: internals
 
-    def _prepare(self, req: EngineRequest) -> _Pending:
+    def _prepare(self, req: EngineRequest) -> PendingRequest:
         """Validate one request and resolve its media (caller's thread). Raises :class:`EngineRequestError`."""
         where = req.where
         from_text = req.input_ids is None
@@ -709,7 +344,7 @@ class EmbeddedEngine:
         if bad:
             raise EngineRequestError(f"{where}: input_ids hold ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
 
-    def _pending(self, req: EngineRequest, ids: list[int], mm: dict[str, torch.Tensor]) -> _Pending:
+    def _pending(self, req: EngineRequest, ids: list[int], mm: dict[str, torch.Tensor]) -> PendingRequest:
         """The checks every request passes once its prompt and media tensors are known (lengths, stop ids)."""
         where, sp = req.where, req.sampling_params
         if self.max_positions is not None and len(ids) + sp.max_new_tokens > self.max_positions:
@@ -722,7 +357,7 @@ class EmbeddedEngine:
             raise EngineRequestError(f"{where}: return_routed_experts needs a mixture-of-experts model; "
                                      f"{type(self.model).__name__} has no MoE layers")
         stop_ids = frozenset(int(t) for t in sp.stop_token_ids or []) | (frozenset() if sp.ignore_eos else self.eos_token_ids)
-        return _Pending(req=req, input_ids=ids, mm=mm, stop_ids=stop_ids, stop_strs=sp.stop_strings,
+        return PendingRequest(req=req, input_ids=ids, mm=mm, stop_ids=stop_ids, stop_strs=sp.stop_strings,
                         submitted=time.monotonic())
 
     def _encode_text(self, text: str) -> list[int]:
@@ -758,7 +393,7 @@ class EmbeddedEngine:
                 out.append(t)
         return out
 
-    def _submit(self, pending: Sequence[_Pending]) -> None:
+    def _submit(self, pending: Sequence[PendingRequest]) -> None:
         with self._cv:
             if self._closed:
                 raise EngineClosedError("the engine is closed")
@@ -771,7 +406,7 @@ class EmbeddedEngine:
         n = len(self._queue)
         while self._queue:
             p = self._queue.popleft()
-            self._resolve(p, [], None, FinishReason(type="abort", message=_ABORT_MESSAGE), self._weight_version)
+            self._resolve(p, [], None, FinishReason(type="abort", message=ABORT_MESSAGE), self._weight_version)
         return n
 
     # ------------------------------------------------------------------------------------------ scheduler
@@ -816,8 +451,8 @@ class EmbeddedEngine:
                     self._running = False
                     self._cv.notify_all()
 
-    def _run_batch(self, batch: list[_Pending], abort: threading.Event) -> None:
-        groups: dict[tuple, list[_Pending]] = {}
+    def _run_batch(self, batch: list[PendingRequest], abort: threading.Event) -> None:
+        groups: dict[tuple, list[PendingRequest]] = {}
         for p in batch:
             groups.setdefault(p.sp.warper_key(), []).append(p)
         with self._model_lock:
@@ -825,7 +460,7 @@ class EmbeddedEngine:
             for rows in groups.values():
                 if abort.is_set():
                     for p in rows:
-                        self._resolve(p, [], None, FinishReason(type="abort", message=_ABORT_MESSAGE), version)
+                        self._resolve(p, [], None, FinishReason(type="abort", message=ABORT_MESSAGE), version)
                     continue
                 try:
                     self._run_group(rows, abort, version)
@@ -835,7 +470,7 @@ class EmbeddedEngine:
                         if not p.future.done():
                             p.future.set_exception(exc)
 
-    def _run_group(self, rows: list[_Pending], abort: threading.Event, version: str) -> None:
+    def _run_group(self, rows: list[PendingRequest], abort: threading.Event, version: str) -> None:
         for p in [p for p in rows if p.sp.max_new_tokens == 0]:
             self._resolve(p, [], [] if p.req.return_logprob else None, FinishReason(type="length", length=0), version)
         active = [p for p in rows if p.sp.max_new_tokens > 0]
@@ -849,13 +484,13 @@ class EmbeddedEngine:
         plan = None if not self.share_prefill else plan_sharing(
             [(p.input_ids, p.mm) for p in active], set(self.processor.media_token_ids.values()))
         rows_in = active if plan is None else [active[u] for u in plan.unique]
-        batch = self.processor.collate([_Row(p.input_ids, [0] * len(p.input_ids), p.mm) for p in rows_in], padding_side="left")
+        batch = self.processor.collate([PromptRow(p.input_ids, [0] * len(p.input_ids), p.mm) for p in rows_in], padding_side="left")
         batch.pop("loss_mask", None)
         batch = {k: v.to(self._device) for k, v in batch.items()}
         prompt_len = int(batch["input_ids"].shape[1])
         top_n = max((p.req.top_logprobs_num for p in active if p.req.return_logprob), default=0)
-        recorder = _LogprobRecorder(temperature, self._control, prompt_len, top_n)
-        stopper = _RowStopper(active, prompt_len, lambda ids: self._decode(ids, skip_special_tokens=False), abort)
+        recorder = LogprobRecorder(temperature, self._control, prompt_len, top_n)
+        stopper = RowStopper(active, prompt_len, lambda ids: self._decode(ids, skip_special_tokens=False), abort)
         warpers: dict[str, Any] = {} if greedy else {
             "temperature": temperature, "top_p": sp.top_p, "top_k": sp.top_k if sp.top_k > 0 else 0,
             "min_p": sp.min_p if sp.min_p > 0 else None}
@@ -911,7 +546,7 @@ class EmbeddedEngine:
             experts = routed[b] if routed is not None and p.req.return_routed_experts else None
             self._resolve(p, ids, logprobs, reason, version, top=top, routed_experts=experts)
 
-    def _resolve(self, p: _Pending, ids: list[int], logprobs: list[float] | None, reason: FinishReason | None,
+    def _resolve(self, p: PendingRequest, ids: list[int], logprobs: list[float] | None, reason: FinishReason | None,
                  version: str, *, top: list[list[tuple[float, int]]] | None = None,
                  routed_experts: torch.Tensor | None = None) -> None:
         sp, req = p.sp, p.req
@@ -929,10 +564,10 @@ class EmbeddedEngine:
             cached_tokens=0, weight_version=version, e2e_latency=time.monotonic() - p.submitted,
         )
         if req.return_logprob:
-            meta.output_token_logprobs = [(_finite(lp), t, token_text(t)) for lp, t in zip(logprobs or [], ids)]
+            meta.output_token_logprobs = [(finite_or_none(lp), t, token_text(t)) for lp, t in zip(logprobs or [], ids)]
             meta.input_token_logprobs = []
             if req.top_logprobs_num:
-                meta.output_top_logprobs = [[(_finite(v), i, token_text(i)) for v, i in step] for step in (top or [])]
+                meta.output_top_logprobs = [[(finite_or_none(v), i, token_text(i)) for v, i in step] for step in (top or [])]
                 meta.input_top_logprobs = []
         if routed_experts is not None:
             meta.routed_experts, meta.routed_experts_dtype = encode_routed_experts(routed_experts)

@@ -62,21 +62,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from relax_gym.trainer.engines.protocol import (
-    ContinueGenerationReqInput,
-    DestroyWeightsUpdateGroupReqInput,
-    FlushCacheReqInput,
-    GenerateReqInput,
-    InitWeightsUpdateGroupReqInput,
-    PauseGenerationReqInput,
-    UpdateWeightFromDiskReqInput,
-    UpdateWeightsFromDistributedReqInput,
-    UpdateWeightsFromTensorReqInput,
-    UpdateWeightVersionReqInput,
-    WeightsChecksumReqInput,
-    parse_request,
-)
-from relax_gym.trainer.engines.weight_sync import FLATTENED_BUCKET
+from relax_gym.trainer.engines.admin_protocol import ContinueGenerationReqInput, DestroyWeightsUpdateGroupReqInput, FlushCacheReqInput, InitWeightsUpdateGroupReqInput, PauseGenerationReqInput, UpdateWeightFromDiskReqInput, UpdateWeightVersionReqInput, UpdateWeightsFromDistributedReqInput, UpdateWeightsFromTensorReqInput, WeightsChecksumReqInput
+from relax_gym.trainer.engines.protocol import GenerateReqInput
+from relax_gym.trainer.engines.validation import parse_request
 
 __all__ = ["EngineServer", "serve"]
 
@@ -312,7 +300,7 @@ class EngineServer:
         return _json({
             "engine": "relax_gym.embedded", "max_batch": self.engine.max_batch,
             "batch_window_s": self.engine.batch_window_s, "weight_version": self.engine.weight_version,
-            "stats": self.engine.stats(), "weight_update_load_formats": [FLATTENED_BUCKET],
+            "stats": self.engine.stats(), "weight_update_load_formats": list(getattr(self.engine, "weight_update_load_formats", ())),
             "weight_update_backends": ["gloo", "nccl"] if str(getattr(self.engine, "device", "cpu")).startswith("cuda") else ["gloo"],
         })
 

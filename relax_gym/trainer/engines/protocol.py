@@ -44,40 +44,17 @@ use ``update_weights_from_disk`` or the distributed path instead.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-__all__ = [
-    "ContinueGenerationReqInput", "DestroyWeightsUpdateGroupReqInput", "EngineRequest", "FinishReason",
-    "FlushCacheReqInput", "GenerateReqInput", "GenerateResponse", "InitWeightsUpdateGroupReqInput", "MediaItem",
-    "MetaInfo", "PauseGenerationReqInput", "SamplingParams", "SuccessResponse", "UpdateWeightFromDiskReqInput",
-    "UpdateWeightVersionReqInput", "UpdateWeightsFromDistributedReqInput", "UpdateWeightsFromTensorReqInput",
-    "WeightsChecksumReqInput", "deserialize_named_tensors", "format_validation_error", "media_data", "media_item", "serialize_named_tensors",
-]
+from relax_gym.trainer.engines.media_items import MEDIA_FIELDS, MediaItem, _media_list
+from relax_gym.trainer.engines.validation import format_validation_error
 
-MEDIA_FIELDS: dict[str, str] = {"image_data": "image", "video_data": "video", "audio_data": "audio"}
-DEFAULT_GROUP_NAME = "weight_update_group"
-
-
-def format_validation_error(exc: ValidationError, where: str | None = None) -> str:
-    """A pydantic error as ``field.path: message; ...`` (the field named first, as clients want to read it); with
-    ``where`` every path is prefixed by it (``where.field.path: message``)."""
-    parts = []
-    for err in exc.errors(include_url=False):
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        if where is not None:
-            loc = f"{where}.{loc}" if loc else where
-        msg = str(err.get("msg", "invalid"))
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts) or str(exc)
+__all__ = ["EngineRequest", "FinishReason", "GenerateReqInput", "GenerateResponse", "MetaInfo", "SamplingParams",
+           "check_stop", "check_top_k"]
 
 
 def _check_neutral(name: str, value: Any, default: Any) -> Any:
@@ -96,7 +73,6 @@ _SAMPLING_NEUTRAL: dict[str, Any] = {
 
 
 # ------------------------------------------------------------------------------------------------ sampling
-
 
 
 def check_top_k(v: int) -> int:
@@ -170,69 +146,6 @@ class SamplingParams(BaseModel):
         if self.greedy:
             return ("greedy",)
         return ("sample", self.temperature, self.top_p, self.top_k, self.min_p)
-
-
-# ------------------------------------------------------------------------------------------------ media
-
-
-class MediaItem(BaseModel):
-    """One media item: a URL (``file://``, ``data:``, a plain path) and our relax sampling spec (see module doc)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    url: str = Field(min_length=1)
-    sampling: dict[str, Any] | None = None
-    detail: str | None = None  # SGLang / OpenAI image detail: accepted, ignored
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        low = v[:8].lower()
-        if low.startswith(("http://", "https://")):
-            raise ValueError("http(s) URLs are not fetched (relax-gym never downloads media); use file://, data: or a path")
-        return v
-
-
-def _media_item(value: Any, where: str) -> MediaItem:
-    if isinstance(value, str | Mapping):
-        try:
-            return MediaItem.model_validate({"url": value} if isinstance(value, str) else dict(value))
-        except ValidationError as exc:
-            raise ValueError(format_validation_error(exc, where)) from None
-    raise ValueError(f"{where}: a media item must be a URL string or {{'url': ..., 'sampling': {{...}}}}, got {type(value).__name__}")
-
-
-def _media_list(value: Any, where: str) -> list[MediaItem]:
-    """One request's items: None, an item, or a list of items."""
-    if value is None:
-        return []
-    if isinstance(value, list):
-        return [_media_item(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    return [_media_item(value, where)]
-
-
-def media_item(part: Any) -> dict[str, Any]:
-    """A relax_gym media part (:class:`~relax_gym.omni.ImagePart` / ``VideoPart`` / ``AudioPart``) as a request
-    item ``{"url": ..., "sampling": {...}}`` (files as ``file://`` URLs, buffers and arrays as ``data:`` URLs)."""
-    from relax_gym.omni import Message, to_openai
-
-    (js,) = to_openai([Message("user", (part,))])[0]["content"]
-    sampling = js.get("sampling")
-    if js["type"] == "input_audio":
-        payload = js["input_audio"]
-        mime = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "ogg": "audio/ogg"}.get(payload.get("format", "wav"), "audio/wav")
-        return {"url": f"data:{mime};base64,{payload['data']}", "sampling": sampling}
-    return {"url": js[js["type"]]["url"], "sampling": sampling}
-
-
-def media_data(messages: Iterable[Any]) -> dict[str, list[dict[str, Any]]]:
-    """The ``image_data`` / ``video_data`` / ``audio_data`` of a conversation, items in conversation order (the
-    order ``render`` expands them in). Only kinds that occur are returned: ``generate(..., **media_data(obs))``."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for message in messages:
-        for part in message.media():
-            out.setdefault(f"{part.kind}_data", []).append(media_item(part))
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ generate
@@ -546,143 +459,6 @@ class GenerateResponse(BaseModel):
         return out
 
 
-# ------------------------------------------------------------------------------------------------ weights / admin
-
-
-class _Req(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class UpdateWeightFromDiskReqInput(_Req):
-    model_path: str = Field(min_length=1)
-    load_format: str | None = None
-    abort_all_requests: bool = False
-    weight_version: str | None = None
-    flush_cache: bool = True
-    # accepted, no effect on a CPU engine
-    is_async: bool = False
-    torch_empty_cache: bool = False
-    keep_pause: bool = False
-    recapture_cuda_graph: bool = False
-    token_step: int = 0
-    manifest: dict[str, Any] | None = None
-
-
-class UpdateWeightsFromTensorReqInput(_Req):
-    """``serialized_named_tensors``: one string per tensor-parallel rank (the embedded engine has one rank).
-    Each string is base64 of safetensors bytes here (see the module doc), never a pickle."""
-
-    serialized_named_tensors: list[str] = Field(min_length=1)
-    load_format: str | None = None
-    flush_cache: bool = True
-    abort_all_requests: bool = False
-    weight_version: str | None = None
-    disable_draft_model: bool | None = None
-    torch_empty_cache: bool = False
-
-
-class InitWeightsUpdateGroupReqInput(_Req):
-    master_address: str
-    master_port: int = Field(gt=0, lt=65536)
-    rank_offset: int = Field(ge=0)
-    world_size: int = Field(ge=2)
-    group_name: str = DEFAULT_GROUP_NAME
-    backend: str = "nccl"  # SGLang's default; the CPU embedded engine takes "gloo" only
-
-    @model_validator(mode="after")
-    def _rank(self) -> InitWeightsUpdateGroupReqInput:
-        if not 0 < self.rank_offset < self.world_size:
-            raise ValueError(f"rank_offset must be in [1, world_size) (rank 0 is the trainer), got {self.rank_offset} of {self.world_size}")
-        return self
-
-
-class UpdateWeightsFromDistributedReqInput(_Req):
-    names: list[str]
-    dtypes: list[str]
-    shapes: list[list[int]]
-    group_name: str = DEFAULT_GROUP_NAME
-    flush_cache: bool = True
-    abort_all_requests: bool = False
-    weight_version: str | None = None
-    load_format: str | None = None
-    torch_empty_cache: bool = False
-
-    @model_validator(mode="after")
-    def _lengths(self) -> UpdateWeightsFromDistributedReqInput:
-        if not len(self.names) == len(self.dtypes) == len(self.shapes):
-            raise ValueError(f"names, dtypes and shapes need the same length, got {len(self.names)}, {len(self.dtypes)}, {len(self.shapes)}")
-        return self
-
-
-class DestroyWeightsUpdateGroupReqInput(_Req):
-    group_name: str = DEFAULT_GROUP_NAME
-
-
-class WeightsChecksumReqInput(_Req):
-    """Our ``/get_weights_checksum`` body: digests of these tensors (null: every state_dict tensor)."""
-
-    names: list[str] | None = None
-
-
-class UpdateWeightVersionReqInput(_Req):
-    new_version: str
-    abort_all_requests: bool = True
-
-
-class PauseGenerationReqInput(_Req):
-    mode: Literal["abort", "retract", "in_place"] = "abort"
-
-
-class ContinueGenerationReqInput(_Req):
-    torch_empty_cache: bool = True  # accepted, no effect on CPU
-
-
-class FlushCacheReqInput(_Req):
-    timeout_s: float | None = None
-
-
-class SuccessResponse(BaseModel):
-    """``{"success": bool, "message": str}`` (``num_paused_requests`` for ``update_weights_from_disk``)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    success: bool
-    message: str = ""
-
-
-# ------------------------------------------------------------------------------------------------ tensor codec
-
-
-def serialize_named_tensors(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> str:
-    """Named tensors → base64 of a safetensors file (our ``serialized_named_tensors`` entry). Tensors are copied
-    to contiguous CPU memory first (tied weights share storage, which safetensors refuses)."""
-    from safetensors.torch import save
-
-    items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-    tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in items:
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
-        tensors[str(name)] = tensor.detach().to("cpu").contiguous().clone()
-    return base64.b64encode(save(tensors)).decode("ascii")
-
-
-def deserialize_named_tensors(payload: str | bytes) -> dict[str, torch.Tensor]:
-    """Inverse of :func:`serialize_named_tensors`. Raises ``ValueError`` for anything that is not base64 of a
-    safetensors file (e.g. SGLang's pickled ``MultiprocessingSerializer`` payload, which is never unpickled)."""
-    from safetensors.torch import load
-
-    try:
-        raw = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"serialized_named_tensors entry is not valid base64 ({exc})") from None
-    try:
-        return dict(load(raw))
-    except Exception as exc:  # safetensors raises its own SafetensorError
-        raise ValueError("serialized_named_tensors entry is not a safetensors payload (the embedded engine takes base64 "
-                         f"safetensors bytes; SGLang's pickled MultiprocessingSerializer format is never unpickled): {exc}") from None
-
-
 # ------------------------------------------------------------------------------------------------ helpers
 
 
@@ -695,9 +471,3 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def parse_request(model: type[BaseModel], data: Any) -> Any:
-    """Validate ``data`` (a dict from JSON) into ``model``; raises ``ValueError`` with the fields named."""
-    try:
-        return model.model_validate(data if data is not None else {})
-    except ValidationError as exc:
-        raise ValueError(format_validation_error(exc)) from None

@@ -23,9 +23,9 @@ client, :meth:`SGLangProxy.dispatch` for the inference role):
   with a 400 naming the item, rather than sent and decoded differently. SGLang applies its own resize rules within
   those budgets, so the engine may see a media tensor of another size than the trainer's ``render``.
 
-Weight pushes go through the DCS (:mod:`relax_gym.trainer.dcs`): NCCL over ``/init_weights_update_group`` +
+Weight pushes go through the DCS (``trainer/dcs``): NCCL over ``/init_weights_update_group`` +
 ``/update_weights_from_distributed``, with ``/update_weights_from_disk`` as the fallback
-(:class:`~relax_gym.trainer.dcs.fallback.NcclOrDiskTransport`). ``update_weights_from_tensor`` is not used
+(the DCS's ``NcclOrDiskTransport``). ``update_weights_from_tensor`` is not used
 (SGLang's payload there is a same-host CUDA IPC pickle).
 """
 

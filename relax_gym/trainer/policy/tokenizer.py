@@ -25,11 +25,9 @@ from __future__ import annotations
 import functools
 import gzip
 import json
-import re
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast

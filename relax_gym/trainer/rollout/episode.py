@@ -18,9 +18,8 @@ from typing import Any
 
 import torch
 
-from relax_gym.omni import Message
 from relax_gym.omni.render import Rendered, extend, render
-from relax_gym.trainer.engines.protocol import media_data
+from relax_gym.trainer.engines.media_items import media_data
 from relax_gym.trainer.policy.routing import decode_routed_experts, empty_routing, merge_turn
 
 log = logging.getLogger(__name__)
@@ -53,7 +52,7 @@ class Trajectory:
     completion_tokens: int = 0
     weight_version: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
-    # MoE policies: (positions, MoE layers, top_k) int16 expert ids, positions from 0 (see trainer/routing.py)
+    # MoE policies: (positions, MoE layers, top_k) int16 expert ids, positions from 0 (see trainer/policy/routing.py)
     routed_experts: torch.Tensor | None = None
 
     @property

@@ -11,7 +11,7 @@ advantages role). A sample id names the step, the group and the member: ``"s0000
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -20,8 +20,8 @@ from relax_gym.trainer.rollout.episode import MASKED_STATUSES, Trajectory
 from relax_gym.trainer.policy.routing import ROUTING_DTYPE, empty_routing
 
 __all__ = [
-    "ROLLOUT_FIELDS", "ROUTING_FIELD", "TRAIN_FIELDS", "EpisodeSummary", "TrainItem", "masked_row", "parse_version", "sample_id", "summary_of",
-    "as_list", "train_items", "trajectory_row",
+    "ROLLOUT_FIELDS", "ROUTING_FIELD", "TRAIN_FIELDS", "EpisodeSummary", "TrainItem", "masked_row", "masked_summary", "parse_version",
+    "sample_id", "summary_dict", "summary_of", "as_list", "train_items", "trajectory_row",
 ]
 
 # Written by the env worker for every episode (failed ones included, masked: loss_mask all 0, trainable False).
@@ -73,15 +73,15 @@ def trajectory_row(traj: Trajectory, sid: str, versions: Sequence[int]) -> dict[
 
 @dataclass
 class EpisodeSummary:
-    """What the controller keeps of an episode (the heavy columns stay on the bus)."""
+    """What the controller keeps of an episode (the heavy columns stay on the bus). ``reward_breakdown``: the env's
+    reward components, whatever their names (``info["reward_breakdown"]``)."""
 
     sample_id: str
     group_id: int
     reward: float
     status: str
     trainable: bool
-    accuracy: float = 0.0
-    format: float = 0.0
+    reward_breakdown: dict[str, float] = field(default_factory=dict)
     completion_tokens: int = 0
     turns: int = 0
     tool_calls: int = 0
@@ -96,11 +96,22 @@ class EpisodeSummary:
 def summary_of(traj: Trajectory, sid: str, versions: Sequence[int]) -> EpisodeSummary:
     return EpisodeSummary(
         sample_id=sid, group_id=int(traj.group_id), reward=float(traj.reward), status=str(traj.status),
-        trainable=bool(traj.trainable), accuracy=float(traj.reward_breakdown.get("accuracy", 0.0)),
-        format=float(traj.reward_breakdown.get("format", 0.0)), completion_tokens=int(traj.completion_tokens),
+        trainable=bool(traj.trainable), reward_breakdown={str(k): float(v) for k, v in traj.reward_breakdown.items()},
+        completion_tokens=int(traj.completion_tokens),
         turns=int(traj.turns), tool_calls=int(traj.info.get("tool_calls", 0) or 0), error=traj.error,
         policy_versions=[int(v) for v in versions],
     )
+
+
+def summary_dict(traj: Trajectory, sid: str = "", versions: Sequence[int] = ()) -> dict[str, Any]:
+    """:func:`summary_of` as a plain dict: what the env workers answer, and what the step row is built from."""
+    return asdict(summary_of(traj, sid, versions))
+
+
+def masked_summary(sid: str, group: int, error: str, partition: int | None = None) -> dict[str, Any]:
+    """The summary of an episode that never ran (its env worker failed every attempt), as the controller keeps it."""
+    return {**asdict(EpisodeSummary(sample_id=sid, group_id=int(group), reward=0.0, status="env_error", trainable=False,
+                                    error=error)), "partition": partition}
 
 
 @dataclass

@@ -32,9 +32,11 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from relax_gym.trainer.run.seeds import step_seed_base
+
 __all__ = [
     "CHECKPOINTS", "OPTIMIZER_FILE", "REFERENCE_DIR", "STATE_FILE", "CheckpointError", "CheckpointableActor", "ResumePoint",
-    "TrainerState", "capture_rng", "check_cursor", "checkpoint_dir", "data_cursor", "eval_history", "latest_checkpoint",
+    "TrainerState", "capture_rng", "check_cursor", "trainer_state", "checkpoint_dir", "data_cursor", "eval_history", "latest_checkpoint",
     "load_checkpoint", "read_state", "reference_model", "restore_rng", "resume_point", "rewind_metrics", "save_checkpoint",
 ]
 
@@ -92,10 +94,18 @@ class TrainerState:
 
 def data_cursor(trainer: Any, step: int) -> dict[str, int]:
     """Where the data stream stands after ``step`` RL steps (``trainer``: the config's trainer section). Step k's
-    prompts are seeds ``seed * 10_000_019 + k * 1_000 + p`` for p < prompts_per_step, so the next seed base
+    prompts are seeds ``seed * 10_000_019 + k * 1_000 + p`` for p < prompts_per_step (:mod:`~relax_gym.trainer.run.seeds`), so the next seed base
     with the shape that produced it is the whole cursor."""
     return {"step": int(step), "seed": int(trainer.seed), "prompts_per_step": int(trainer.prompts_per_step),
-            "group_size": int(trainer.group_size), "next_seed_base": int(trainer.seed * 10_000_019 + (step + 1) * 1_000)}
+            "group_size": int(trainer.group_size), "next_seed_base": step_seed_base(trainer.seed, step + 1)}
+
+
+def trainer_state(trainer: Any, *, step: int, version: int, rng: np.random.Generator | None, elapsed_s: float,
+                  extra: dict[str, Any] | None = None) -> TrainerState:
+    """The state a checkpoint after ``step`` saves (both modes): the data cursor of ``trainer`` (the config's
+    trainer section), this process's random states and ``rng``, the run's clock, and what the mode adds."""
+    return TrainerState(step=int(step), version=int(version), cursor=data_cursor(trainer, step), rng=capture_rng(rng),
+                        elapsed_s=float(elapsed_s), extra=dict(extra or {}))
 
 
 def check_cursor(cursor: dict[str, int], trainer: Any, where: Path) -> None:

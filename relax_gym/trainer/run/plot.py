@@ -10,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from relax_gym.trainer.run.metrics import read_metrics  # noqa: E402
+from relax_gym.trainer.run.step_row import eval_components  # noqa: E402
 
 CURVES = {
     "reward.png": [("reward_mean", "train reward"), ("eval_reward", "eval reward (greedy)"), ("eval_accuracy", "eval accuracy")],
@@ -22,6 +23,10 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     rows = read_metrics(run_dir)
     written = []
     for name, curves in CURVES.items():
+        if name == "reward.png":  # and every other reward component the env reports (eval_<component>)
+            named = {key for key, _ in curves}
+            found = {k for r in rows for k in eval_components(r)} - named
+            curves = [*curves, *((k, f"eval {k[len('eval_'):]}") for k in sorted(found))]
         fig, ax = plt.subplots(figsize=(7, 4))
         drawn = 0
         for key, label in curves:

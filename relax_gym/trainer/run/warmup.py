@@ -57,3 +57,27 @@ def warmup_batches(env, processor, rng: np.random.Generator, *, steps: int, batc
         batch = [demonstration(env, processor, seed + i, rng, random_answers=random_answers) for i in range(batch_size)]
         seed += batch_size
         yield batch
+
+
+def run_warmup(actor, env, processor, rng: np.random.Generator, trainer, *, lr: float, on_row=None) -> list[dict[str, float]]:
+    """The SFT warm-up as both trainer modes run it: ``trainer.sft_warmup_steps`` SFT steps of ``actor`` at
+    ``trainer.sft_lr`` on :func:`warmup_batches` of ``env``, then the learning rate back to ``lr``. ``on_row(i,
+    metrics)`` sees each step's metrics as it ends; the rows are also returned. The caller pushes the weights."""
+    rows: list[dict[str, float]] = []
+    actor.set_lr(trainer.sft_lr)
+    try:
+        for i, batch in enumerate(warmup_batches(env, processor, rng, steps=trainer.sft_warmup_steps,
+                                                 batch_size=trainer.sft_batch_size, random_answers=trainer.sft_random_answers)):
+            row = actor.sft_step(batch)
+            rows.append(row)
+            if on_row is not None:
+                on_row(i, row)
+    finally:
+        actor.set_lr(lr)
+    return rows
+
+
+def report_warmup_row(metrics, progress, trainer, i: int, row: dict[str, float]) -> None:
+    """Warm-up step ``i`` (from 0) in the run's metrics (steps ``-sft_warmup_steps`` … ``-1``) and progress."""
+    progress("sft", {"step": i + 1, "of": trainer.sft_warmup_steps, **row})
+    metrics.write(-trainer.sft_warmup_steps + i, row)

@@ -61,12 +61,13 @@ def _engine_child(device: str, single_gpu: bool, conn: Any) -> None:
         if device.startswith("cuda"):
             _nccl_env("engine", single_gpu)
             torch.cuda.set_device(torch.device(device))
+        from relax_gym.trainer.dcs.group import GroupReceiver
         from relax_gym.trainer.engines.embedded import EmbeddedEngine
         from relax_gym.trainer.engines.http_server import serve
         from relax_gym.trainer.policy import PolicyConfig, build_policy
 
         model, processor = build_policy(PolicyConfig(seed=ENGINE_SEED))
-        engine = EmbeddedEngine(model.to(device), processor, max_batch=4)
+        engine = EmbeddedEngine(model.to(device), processor, max_batch=4, weight_receiver=GroupReceiver())
         server = serve(engine, close_engine=True)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -81,7 +82,7 @@ def _engine_child(device: str, single_gpu: bool, conn: Any) -> None:
 
 
 def _digests(model: Any, names: dict[str, str]) -> dict[str, str]:
-    from relax_gym.trainer.engines.weight_sync import tensor_digest
+    from relax_gym.trainer.dcs.group import tensor_digest
 
     return {names[k]: tensor_digest(v) for k, v in model.state_dict().items()}
 
@@ -188,11 +189,11 @@ def _sglang_style_receiver(port: int, group_name: str, backend: str, device: str
 
 
 def sglang_layout_check(device: str = "cpu", *, timeout_s: float = 120.0) -> dict[str, Any]:
-    """One bf16 broadcast from our :class:`~relax_gym.trainer.engines.weight_sync.WeightUpdateGroup` (rank 0) to
+    """One bf16 broadcast from our :class:`~relax_gym.trainer.dcs.group.WeightUpdateGroup` (rank 0) to
     an end built like SGLang's (rank 1, a spawned child): ``{"ok", "backend", "bit_identical", "error"}``."""
     import torch
 
-    from relax_gym.trainer.engines.weight_sync import WeightUpdateGroup
+    from relax_gym.trainer.dcs.group import WeightUpdateGroup
 
     cuda = device == "cuda"
     single_gpu = cuda and torch.cuda.device_count() < 2

@@ -21,7 +21,7 @@ from relax_gym.trainer.dcs import (
 )
 from relax_gym.trainer.dcs.coordinator import MIB
 from relax_gym.trainer.dcs.transports import DistributedTransport
-from relax_gym.trainer.engines.weight_sync import WeightUpdateGroup, flatten_tensors, tensor_digest, unflatten_tensors
+from relax_gym.trainer.dcs.group import WeightUpdateGroup, flatten_tensors, tensor_digest, unflatten_tensors
 
 
 def metas(sizes: list[int]) -> list[TensorMeta]:

@@ -16,13 +16,13 @@ from relax_gym.trainer.dcs.fallback import NcclOrDiskTransport
 from relax_gym.trainer.dcs.transports import TcpTransport
 from relax_gym.trainer.engines.client import EngineClient
 from relax_gym.trainer.engines.process import spawn_engine
-from relax_gym.trainer.engines.weight_sync import tensor_digest
+from relax_gym.trainer.dcs.group import GroupReceiver, tensor_digest
 from relax_gym.trainer.policy.model import PolicyConfig, build_policy
 
 
 @pytest.fixture(scope="module")
 def engine():
-    proc = spawn_engine(PolicyConfig(seed=0))
+    proc = spawn_engine(PolicyConfig(seed=0), weight_receiver=GroupReceiver())
     yield proc
     proc.stop()
 

@@ -14,7 +14,7 @@ import torch
 from relax_gym.trainer.dcs import DCSClient, DCSCoordinator, DCSError, DCSPushError, WeightMetadata, checkpoint_names
 from relax_gym.trainer.engines.client import EngineClient
 from relax_gym.trainer.engines.process import spawn_engine
-from relax_gym.trainer.engines.weight_sync import tensor_digest
+from relax_gym.trainer.dcs.group import GroupReceiver, tensor_digest
 from relax_gym.trainer.policy.model import PolicyConfig, build_policy
 
 PROMPT = "Describe the weather in three words:"
@@ -24,7 +24,7 @@ BUCKET_MB = 0.25  # the tiny policy is ~2.8 MiB: about a dozen buckets
 @pytest.fixture(scope="module")
 def engine():
     """An engine process on the seed-0 tiny policy."""
-    proc = spawn_engine(PolicyConfig(seed=0))
+    proc = spawn_engine(PolicyConfig(seed=0), weight_receiver=GroupReceiver())
     yield proc
     proc.stop()
 
@@ -158,7 +158,7 @@ def test_a_state_dict_that_does_not_match_is_refused(engine, client, actors):
 def test_two_engines_then_one_dies(engine, client, actors):
     """One broadcast feeds two engines (world size 3); when one dies the push names it; once the roles drop it
     from the topology the group is rebuilt with the survivor and pushing goes on."""
-    second = spawn_engine(PolicyConfig(seed=0))
+    second = spawn_engine(PolicyConfig(seed=0), weight_receiver=GroupReceiver())
     try:
         model = actors[2]
         coordinator = DCSCoordinator([engine.url, second.url], bucket_mb=BUCKET_MB, version=0)

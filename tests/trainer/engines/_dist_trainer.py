@@ -11,7 +11,7 @@ def push_weights(url: str, port: int, weights_path: str, weight_version: str, re
     from safetensors.torch import load_file
 
     from relax_gym.trainer.engines.client import EngineClient
-    from relax_gym.trainer.engines.weight_sync import init_weights_update_group_pair, push_weights_distributed
+    from relax_gym.trainer.dcs.group import init_weights_update_group_pair, push_weights_distributed
 
     tensors = load_file(weights_path)
     with EngineClient(url, timeout=60) as client:

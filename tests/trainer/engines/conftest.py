@@ -21,6 +21,9 @@ def policy():
 
 
 def start(model, processor, **engine_kwargs) -> SimpleNamespace:
+    from relax_gym.trainer.dcs.group import GroupReceiver  # the DCS's engine side, as the inference role hands it in
+
+    engine_kwargs.setdefault("weight_receiver", GroupReceiver())
     engine = EmbeddedEngine(copy.deepcopy(model), processor, **engine_kwargs)
     server = serve(engine)
     client = EngineClient(server.url, timeout=60)

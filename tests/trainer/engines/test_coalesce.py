@@ -11,7 +11,7 @@ import relax_gym
 from relax_gym.omni.render import render
 from relax_gym.trainer.engines.client import AsyncEngineClient, EngineConnectionError, EngineHTTPError
 from relax_gym.trainer.engines.coalesce import CoalescingClient
-from relax_gym.trainer.engines.protocol import media_data
+from relax_gym.trainer.engines.media_items import media_data
 
 GREEDY = {"temperature": 0.0}
 

@@ -12,7 +12,8 @@ import torch
 import relax_gym
 from relax_gym.omni.render import render, to_template_dicts
 from relax_gym.trainer.engines.embedded import EmbeddedEngine, EngineClosedError, EngineRequestError
-from relax_gym.trainer.engines.protocol import EngineRequest, GenerateResponse, SamplingParams, media_data
+from relax_gym.trainer.engines.media_items import media_data
+from relax_gym.trainer.engines.protocol import EngineRequest, GenerateResponse, SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import torch
 import relax_gym
 from relax_gym.omni.render import render
 from relax_gym.trainer.engines.client import EngineHTTPError
-from relax_gym.trainer.engines.protocol import media_data
+from relax_gym.trainer.engines.media_items import media_data
 
 from .conftest import reference_greedy, training_logprobs
 

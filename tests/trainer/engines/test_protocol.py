@@ -11,20 +11,10 @@ import torch
 
 import relax_gym
 from relax_gym.trainer.engines.client import GenerateOutput
-from relax_gym.trainer.engines.protocol import (
-    GenerateReqInput,
-    GenerateResponse,
-    InitWeightsUpdateGroupReqInput,
-    PauseGenerationReqInput,
-    UpdateWeightFromDiskReqInput,
-    UpdateWeightsFromDistributedReqInput,
-    UpdateWeightsFromTensorReqInput,
-    UpdateWeightVersionReqInput,
-    deserialize_named_tensors,
-    media_data,
-    parse_request,
-    serialize_named_tensors,
-)
+from relax_gym.trainer.engines.admin_protocol import InitWeightsUpdateGroupReqInput, PauseGenerationReqInput, UpdateWeightFromDiskReqInput, UpdateWeightVersionReqInput, UpdateWeightsFromDistributedReqInput, UpdateWeightsFromTensorReqInput, deserialize_named_tensors, serialize_named_tensors
+from relax_gym.trainer.engines.media_items import media_data
+from relax_gym.trainer.engines.protocol import GenerateReqInput, GenerateResponse
+from relax_gym.trainer.engines.validation import parse_request
 
 # What RL trainers post to SGLang's /generate (slime- and verl-style payloads).
 SLIME_LIKE = {

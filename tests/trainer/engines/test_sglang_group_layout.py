@@ -14,7 +14,7 @@ import pytest
 import torch.distributed as dist
 
 from relax_gym.trainer.tools.transport_check import sglang_layout_check
-from relax_gym.trainer.engines import weight_sync
+from relax_gym.trainer.dcs import group as weight_sync
 
 
 @pytest.mark.timeout(120)

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from relax_gym.trainer.config import InferenceSection
 from relax_gym.trainer.dcs.names import checkpoint_names
@@ -34,7 +33,8 @@ from relax_gym.trainer.engines.sglang import (
     launch_sglang,
     to_sglang_generate,
 )
-from relax_gym.trainer.engines.weight_sync import tensor_digest
+from relax_gym.trainer.dcs.group import tensor_digest
+from relax_gym.trainer.dcs.push import make_pusher
 from relax_gym.trainer.policy import PolicyConfig, build_policy, save_policy
 
 STANDIN = Path(__file__).parent / "sglang_standin"
@@ -261,18 +261,20 @@ def test_sglang_host_pushes_weights_to_the_standin_and_falls_back_to_disk_withou
     inference = InferenceSection.model_validate({"engine": "sglang", "sglang": {
         "model_path": str(path), "python": sys.executable, "startup_timeout_s": 240, "disk_dir": str(tmp_path / "dcs")}})
     names = checkpoint_names(model)
-    host = start_engine(inference, PolicyConfig(path=str(path)), names=names, log_dir=tmp_path)
+    host = start_engine(inference, PolicyConfig(path=str(path)), log_dir=tmp_path)
     assert isinstance(host, SGLangHost)
+    pusher = make_pusher(inference, names=names, engine=getattr(host, "engine", None), urls=[host.url])  # as colocate builds it
     try:
         new_state = {k: v.detach().clone() + 0.25 for k, v in model.state_dict().items()}
-        report = host.push_weights(new_state, 5)
+        report = pusher.push(new_state, 5)
         assert report.transport == "disk"  # no CUDA here: NCCL cannot be built, the disk fallback carries the push
-        assert host._dcs.transport.reason and "CUDA" in host._dcs.transport.reason
+        assert pusher.client.transport.reason and "CUDA" in pusher.client.transport.reason
         assert host.weight_version() == "5"
         with EngineClient(host.url) as client:
             sums = client.weights_checksum([names[k] for k in new_state])
         assert sums == {names[k]: tensor_digest(v) for k, v in new_state.items()}  # bit for bit
     finally:
+        pusher.close()
         host.close()
     assert not host.server.alive
 
@@ -307,14 +309,12 @@ def test_inference_role_serves_generate_through_the_standin_sglang_server(standi
     role = InferenceRole(PolicyConfig(path=str(path)).model_dump(mode="json"),
                          {"engine": "sglang", "sglang": {"python": sys.executable, "startup_timeout_s": 240}})
     try:
-        body = json.dumps({"input_ids": [processor.eos_token_id], "sampling_params": {"max_new_tokens": 2},
-                           "return_logprob": True}).encode()
-        status, kind, payload = asyncio.run(role.http("POST", "/generate", body))
-        assert status == 200 and kind.startswith("application/json")
-        assert len(json.loads(payload)["output_ids"]) >= 1
-        bad = json.dumps({"input_ids": [1], "image_data": ["data:application/x-npy;base64,AA"]}).encode()
-        status, _, payload = asyncio.run(role.http("POST", "/generate", bad))
-        assert status == 400 and "raw array" in json.loads(payload)["message"]
+        body = {"input_ids": [processor.eos_token_id], "sampling_params": {"max_new_tokens": 2}, "return_logprob": True}
+        status, data = asyncio.run(role.generate(body))  # the dict itself: no JSON between the worker and the replica
+        assert status == 200 and len(data["output_ids"]) >= 1
+        bad = {"input_ids": [1], "image_data": ["data:application/x-npy;base64,AA"]}
+        status, message = asyncio.run(role.generate(bad))
+        assert status == 400 and "raw array" in message
         assert asyncio.run(role.weight_version()) is not None
         role.check_health()
         os.killpg(os.getpgid(role.host.server.pid), signal.SIGKILL)  # the server dies: Serve's health check sees it

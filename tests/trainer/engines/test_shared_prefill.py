@@ -11,7 +11,7 @@ import torch
 import relax_gym
 from relax_gym.omni.render import render
 from relax_gym.trainer.engines.embedded import EmbeddedEngine
-from relax_gym.trainer.engines.protocol import media_data
+from relax_gym.trainer.engines.media_items import media_data
 from relax_gym.trainer.engines.shared_prefill import plan_sharing
 
 

@@ -93,7 +93,7 @@ def test_streamed_step_equals_the_batch_step(demos):
     assert m_stream["pg_loss"] == pytest.approx(m_batch["pg_loss"], rel=1e-4, abs=1e-6)
     assert m_stream["samples_forwarded"] == m_batch["samples_forwarded"] == len(items) - 1
     stream.begin_stream()
-    assert stream.end_stream() == {}  # nothing arrived: no step
+    assert stream.end_stream() == {"grad_norm": 0.0, "samples_forwarded": 0.0}  # nothing arrived: no step
 
 
 def test_advantages_match_the_colocate_computation():
@@ -122,7 +122,7 @@ def test_actor_streams_whole_groups_as_they_arrive(demos):
         bus = make_bus("inprocess")
         cfg = config(max_staleness=0)
         sink = WeightSink()
-        actor = ActorRole(cfg.model_dump(mode="json"), bus, sink)
+        actor = ActorRole(cfg.model_dump(mode="json"), bus, pusher=sink)
         advantages = AdvantagesRole(cfg.algorithm.model_dump(mode="json"), bus)
         calls: list[float] = []
         original = actor.actor.stream_micro_batch
@@ -164,7 +164,7 @@ def test_stale_samples_are_measured_and_corrected(demos):
     async def main():
         bus = make_bus("inprocess")
         cfg = config(max_staleness=2)
-        actor = ActorRole(cfg.model_dump(mode="json"), bus, WeightSink())
+        actor = ActorRole(cfg.model_dump(mode="json"), bus, pusher=WeightSink())
         actor.version = 5  # the policy being trained is version 5
         advantages = AdvantagesRole(cfg.algorithm.model_dump(mode="json"), bus)
         rows = rows_for(1, demos, versions=(3, 4), failed={(0, 1)})

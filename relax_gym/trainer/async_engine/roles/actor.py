@@ -29,12 +29,13 @@ import torch
 
 import relax_gym
 from relax_gym.trainer.actors.factory import build_actor
-from relax_gym.trainer.run.checkpoint import TrainerState, capture_rng, data_cursor, load_checkpoint, restore_rng, save_checkpoint
+from relax_gym.trainer.run.checkpoint import TrainerState, load_checkpoint, restore_rng, save_checkpoint, trainer_state
 from relax_gym.trainer.config import RelaxConfig
-from relax_gym.trainer.run.warmup import warmup_batches
+from relax_gym.trainer.run.warmup import run_warmup
 from relax_gym.trainer.run.lr_schedule import decayed_fraction, lr_at, progress
 from relax_gym.trainer.policy import build_policy, save_policy
 from relax_gym.trainer.async_engine.recovery import ReplacedActorError
+from relax_gym.trainer.async_engine.bus_source import open_bus
 from relax_gym.trainer.async_engine.replica import announce_replica, setup_replica
 from relax_gym.trainer.policy.moe import routing_dims
 from relax_gym.trainer.rollout.samples import ROUTING_FIELD, TRAIN_FIELDS, TrainItem, train_items
@@ -52,10 +53,14 @@ class ActorRole:
 
     TASK = "actor"
 
-    def __init__(self, cfg: dict[str, Any], bus: Any, weights: Any, *, torch_threads: int | None = None,
-                 registry: Any = None, resume_from: str | None = None) -> None:
-        """``registry``: the run's replica registry (restart counts); ``resume_from``: a checkpoint folder to
-        continue from (model, optimizer, version; random states and clock are restored by :meth:`warmup`)."""
+    def __init__(self, cfg: dict[str, Any], bus: Any, coordinator: Any = None, *, pusher: Any = None,
+                 torch_threads: int | None = None, registry: Any = None, resume_from: str | None = None) -> None:
+        """``coordinator``: the run's DCS coordinator actor, through which the weights are pushed (a
+        :class:`~relax_gym.trainer.dcs.push.DCSPush`); ``pusher``: an awaitable ``push(state, version)`` to use
+        instead (tests); ``registry``: the run's replica registry (restart counts); ``resume_from``: a checkpoint
+        folder to continue from (model, optimizer, version; random states and clock are restored by :meth:`warmup`)."""
+        if (coordinator is None) == (pusher is None):
+            raise ValueError("ActorRole pushes weights through a DCS coordinator or a given pusher: pass exactly one")
         setup_replica(torch_threads)
         self.cfg = RelaxConfig.model_validate(cfg)
         seed = self.cfg.trainer.seed
@@ -69,16 +74,19 @@ class ActorRole:
         self.version = 0
         self._bus_source = bus
         self._bus: Any = None
-        if hasattr(weights, "push") and not hasattr(weights, "push_plan"):
-            self.weights = weights
+        if pusher is not None:
+            self.weights = pusher
         else:
-            from relax_gym.trainer.dcs.service import DCSPusher
+            from relax_gym.trainer.dcs.names import checkpoint_names
+            from relax_gym.trainer.dcs.push import in_thread, make_pusher
 
-            self.weights = DCSPusher(weights, self.actor.hf_template, disk_dir=self.cfg.inference.sglang.disk_dir)
+            self.weights = in_thread(make_pusher(self.cfg.inference, coordinator=coordinator,
+                                                 names=checkpoint_names(self.actor.hf_template)))
         self._push_lock = asyncio.Lock()  # a catch-up push never overlaps a step's push
         self._last_push: tuple[dict[str, torch.Tensor], int] | None = None  # what the engines serve
         self._fatal: str | None = None
         self.resumed: TrainerState | None = None
+        self._run_start = time.perf_counter()  # the learning-rate schedule's clock (set again by warmup)
         if resume_from is not None:
             self.resumed = load_checkpoint(Path(resume_from), self.actor)
             self.version = self.resumed.version
@@ -87,7 +95,7 @@ class ActorRole:
     def _ready(self) -> Any:
         if self._bus is None:
             source = self._bus_source
-            self._bus = source.connect() if hasattr(source, "connect") else source
+            self._bus = open_bus(source)
         return self._bus
 
     # -- before the RL loop ------------------------------------------------------------------------------------
@@ -109,18 +117,12 @@ class ActorRole:
         return {"rows": rows, "version": self.version}
 
     def _sft(self) -> list[dict[str, float]]:
-        cfg, t = self.cfg, self.cfg.trainer
+        cfg = self.cfg
         env = relax_gym.make(cfg.env.id, **cfg.env.kwargs)
-        rows = []
         try:
-            self.actor.set_lr(t.sft_lr)
-            for batch in warmup_batches(env, self.processor, self.rng, steps=t.sft_warmup_steps,
-                                        batch_size=t.sft_batch_size, random_answers=t.sft_random_answers):
-                rows.append(self.actor.sft_step(batch))
+            return run_warmup(self.actor, env, self.processor, self.rng, cfg.trainer, lr=cfg.actor.lr)
         finally:
-            self.actor.set_lr(cfg.actor.lr)
             env.close()
-        return rows
 
     async def save_reference(self, directory: str) -> str:
         """Save the current (warmed-up) policy as the frozen reference for the KL term."""
@@ -191,7 +193,7 @@ class ActorRole:
         self._refuse_if_replacement()
         bus = self._ready()
         algo, a, t = self.cfg.algorithm, self.cfg.actor, self.cfg.trainer
-        elapsed = time.perf_counter() - getattr(self, "_run_start", time.perf_counter())
+        elapsed = time.perf_counter() - self._run_start
         fraction = decayed_fraction(progress(partition, t.steps, elapsed, t.time_budget_s), lr_decay_from)
         self.actor.set_lr(lr_at(a.lr, a.lr_schedule, fraction, a.min_lr_ratio))
         tis_cap = self._tis_cap(max_staleness)
@@ -272,9 +274,8 @@ class ActorRole:
         the model, the optimizer and the trainer state; ``extra``: what the controller adds (its ledger, the bus
         cursor)."""
         self._refuse_if_replacement()
-        elapsed = time.perf_counter() - getattr(self, "_run_start", time.perf_counter())
-        state = TrainerState(step=step, version=self.version, cursor=data_cursor(self.cfg.trainer, step),
-                             rng=capture_rng(self.rng), elapsed_s=elapsed, extra=dict(extra or {}))
+        state = trainer_state(self.cfg.trainer, step=step, version=self.version, rng=self.rng,
+                              elapsed_s=time.perf_counter() - self._run_start, extra=extra)
         out = await asyncio.to_thread(save_checkpoint, Path(run_dir), self.actor, state)
         return str(out)
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from relax_gym.trainer.algorithms import AlgorithmConfig, group_advantages, identical_reward_groups
+from relax_gym.trainer.async_engine.bus_source import open_bus
 from relax_gym.trainer.async_engine.replica import announce_replica
 
 __all__ = ["AdvantagesRole", "group_fields"]
@@ -62,7 +63,7 @@ class AdvantagesRole:
     def _ready(self) -> Any:
         if self._bus is None:
             source = self._bus_source
-            self._bus = source.connect() if hasattr(source, "connect") else source
+            self._bus = open_bus(source)
         return self._bus
 
     async def process(self, partition: int, n_rows: int, group_size: int) -> dict[str, int]:

@@ -26,21 +26,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import asdict
 from typing import Any
 
 import relax_gym
+from relax_gym.trainer.async_engine.bus_source import open_bus
 from relax_gym.trainer.async_engine.carry import claim_slot
 from relax_gym.trainer.config import RelaxConfig
-from relax_gym.trainer.engines.client import AsyncEngineClient
-from relax_gym.trainer.engines.coalesce import CoalescingClient
-from relax_gym.trainer.engines.handle_transport import ServeHandleTransport
+from relax_gym.trainer.engines.serve_client import HandleEngineClient
 from relax_gym.trainer.policy.moe import routing_dims
-from relax_gym.trainer.databus.core import DuplicateRowError
+from relax_gym.trainer.databus.protocol import DuplicateRowError
 from relax_gym.trainer.faults.hooks import SandboxHangs
 from relax_gym.trainer.async_engine.replica import announce_replica, build_processor_only, retries_within, setup_replica
 from relax_gym.trainer.rollout.episode import Trajectory, run_episode
-from relax_gym.trainer.rollout.samples import parse_version, summary_of, trajectory_row
+from relax_gym.trainer.rollout.samples import parse_version, summary_dict, trajectory_row
 
 __all__ = ["EnvWorkerRole", "VersionTap"]
 
@@ -78,7 +76,6 @@ class EnvWorkerRole:
         self._bus_source, self._engine_source = bus, engine
         self._bus: Any = None
         self._client: Any = None
-        self._raw_client: AsyncEngineClient | None = None
         env = self.cfg.env
         self._train_envs = [relax_gym.make(env.id, **env.kwargs) for _ in range(pool_size)]
         self._eval_envs = [relax_gym.make(env.id, **{**env.kwargs, **env.eval_kwargs}) for _ in range(eval_pool_size)]
@@ -98,14 +95,14 @@ class EnvWorkerRole:
         for env in self._eval_envs:
             self._eval_pool.put_nowait(env)
         source = self._bus_source
-        self._bus = source.connect() if hasattr(source, "connect") else source
+        self._bus = open_bus(source)
         if isinstance(self._engine_source, str):
             from ray import serve
 
             handle = serve.get_app_handle(self._engine_source)
-            self._raw_client = AsyncEngineClient("http://inference.serve", transport=ServeHandleTransport(handle),
-                                                 retries=retries_within(self.cfg.roles.replica_wait_s))
-            self._client = CoalescingClient(self._raw_client, max_batch=self.cfg.inference.max_batch)
+            # three hops: this client (coalescing) → InferenceRole.generate (a handle call) → the engine
+            self._client = HandleEngineClient(handle, retries=retries_within(self.cfg.roles.replica_wait_s),
+                                              max_batch=self.cfg.inference.max_batch)
         else:
             self._client = self._engine_source
 
@@ -180,14 +177,14 @@ class EnvWorkerRole:
             except DuplicateRowError:  # a re-sent group whose first put landed before its replica died: those rows stay
                 log.warning("step partition %d group %d: already on the bus from an earlier attempt; keeping those rows",
                             partition, group)
-        return [{**asdict(summary_of(traj, sid, versions)), "partition": partition}
+        return [{**summary_dict(traj, sid, versions), "partition": partition}
                 for (traj, versions), sid in zip(played, sample_ids)]
 
     async def evaluate(self, seeds: list[int]) -> list[dict[str, Any]]:
         """Greedy episodes on the eval split (nothing goes to the bus); one summary per seed."""
         self._ready()
         played = await asyncio.gather(*(self._episode(self._eval_pool, s, i, True) for i, s in enumerate(seeds)))
-        return [asdict(summary_of(traj, f"eval-{s}", versions)) for (traj, versions), s in zip(played, seeds)]
+        return [summary_dict(traj, f"eval-{s}", versions) for (traj, versions), s in zip(played, seeds)]
 
     def __del__(self) -> None:
         for env in getattr(self, "_train_envs", []) + getattr(self, "_eval_envs", []):

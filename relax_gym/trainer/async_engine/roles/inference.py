@@ -1,13 +1,15 @@
 """The inference role: one engine per replica (``inference.engine``: the embedded engine, or a launched SGLang
-server), answering SGLang's protocol over deployment-handle calls.
+server), answering SGLang's ``/generate`` over deployment-handle calls.
 
-Env workers reach it with an :class:`~relax_gym.trainer.engines.client.AsyncEngineClient` whose transport is a
-:class:`~relax_gym.trainer.engines.handle_transport.ServeHandleTransport`: every request goes through
-:meth:`InferenceRole.http` into the engine server's own router, so no HTTP request is made to our own endpoint
-(an SGLang replica forwards it to its server on loopback, mapping ``/generate`` bodies for SGLang).
+Env workers reach it with a :class:`~relax_gym.trainer.engines.serve_client.HandleEngineClient`: a request is
+three hops -- the worker's client (coalescing the episodes' concurrent requests into one batch) → one handle call
+:meth:`InferenceRole.generate` with the ``/generate`` body as a dict → the engine (``EmbeddedEngine.generate`` in
+this process; an SGLang replica forwards the body to its server on loopback, mapped for SGLang). Nothing is
+JSON-encoded between the worker and the embedded engine: Ray pickles the dicts.
 The engine's loopback HTTP server still runs, for agents inside sandboxes and for the DCS weight pushes (pause →
 load → flush → continue over SGLang's protocol); its URL is registered with the run's DCS coordinator when the
-replica starts. A replica that starts after weights were pushed (Serve replaced a dead one) serves nothing until
+replica starts, and the embedded engine receives the actor's broadcasts through the DCS's ``GroupReceiver``. A
+replica that starts after weights were pushed (Serve replaced a dead one) serves nothing until
 it holds the version the other engines serve: its first request asks the actor to push that version again
 (:meth:`~relax_gym.trainer.async_engine.roles.actor.ActorRole.catch_up`, through the actor's deployment handle).
 """
@@ -15,17 +17,22 @@ it holds the version the other engines serve: its first request asks the actor t
 from __future__ import annotations
 
 import asyncio
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from relax_gym.trainer.config import InferenceSection
+from relax_gym.trainer.engines.client import EngineHTTPError
 from relax_gym.trainer.engines.factory import start_engine
 from relax_gym.trainer.policy import PolicyConfig
 from relax_gym.trainer.faults.hooks import EngineFaults
 from relax_gym.trainer.async_engine.replica import announce_replica, replica_name, setup_replica
+from relax_gym.trainer.dcs.group import GroupReceiver
 from relax_gym.trainer.dcs.service import register_engine
 
 __all__ = ["InferenceRole"]
+
+log = logging.getLogger(__name__)
 
 
 class InferenceRole:
@@ -35,7 +42,8 @@ class InferenceRole:
         actor's Serve application (asked for the current weights when this replica starts late)."""
         setup_replica(torch_threads)
         cfg = InferenceSection.model_validate(inference)
-        self.host = start_engine(cfg, PolicyConfig.model_validate(model))
+        # the DCS's engine side: an embedded engine receives the actor's tcp (gloo) pushes through it
+        self.host = start_engine(cfg, PolicyConfig.model_validate(model), weight_receiver=GroupReceiver())
         # a generate blocks its thread until its batch is done: enough threads for every request of a full batch
         self._threads = ThreadPoolExecutor(max_workers=max(64, 4 * cfg.max_batch), thread_name_prefix="inference")
         self.name = replica_name()
@@ -51,12 +59,20 @@ class InferenceRole:
         self._engine_faults: EngineFaults | None = None
         announce_replica(registry, "inference")
 
-    async def http(self, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
-        """One request of SGLang's protocol: ``(status, content type, body)`` as the HTTP server would answer."""
+    async def generate(self, body: dict[str, Any]) -> tuple[int, Any]:
+        """One ``/generate`` body (a dict; a batch request for coalesced calls): ``(200, response dict or list)``,
+        or ``(status, message)`` for a refused request (4xx) or an engine failure (500; injected engine faults
+        included) -- the replica itself never fails a request."""
         if self._behind:
             await self._catch_up()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._threads, self.host.dispatch, method, path, body)
+        try:
+            return 200, await loop.run_in_executor(self._threads, self.host.generate, body)
+        except EngineHTTPError as exc:
+            return exc.status_code, exc.message
+        except Exception as exc:  # noqa: BLE001 - an engine failure is a 500 answer, never a dead replica
+            log.warning("inference replica %s: generate failed: %s: %s", self.name, type(exc).__name__, exc)
+            return int(getattr(exc, "status_code", 500) or 500), f"{type(exc).__name__}: {exc}"
 
     async def _catch_up(self) -> None:
         async with self._catching_up:

@@ -20,6 +20,7 @@ from typing import Any
 from relax_gym.trainer.actors.hf import HFActor
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.policy import build_policy
+from relax_gym.trainer.async_engine.bus_source import open_bus
 from relax_gym.trainer.async_engine.replica import announce_replica, setup_replica
 from relax_gym.trainer.rollout.samples import TrainItem, as_list
 
@@ -48,7 +49,7 @@ class ReferenceRole:
     def _ready(self) -> Any:
         if self._bus is None:
             source = self._bus_source
-            self._bus = source.connect() if hasattr(source, "connect") else source
+            self._bus = open_bus(source)
         return self._bus
 
     def _load(self, path: str) -> None:

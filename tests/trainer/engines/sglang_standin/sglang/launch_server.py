@@ -51,7 +51,9 @@ def main(argv: list[str]) -> int:
             return super().dispatch(method, path, body, headers)
 
     model, processor = build_policy(PolicyConfig(path=args.model_path))
-    engine = EmbeddedEngine(model, processor, max_batch=args.max_running_requests)
+    from relax_gym.trainer.dcs.group import GroupReceiver  # a real SGLang server receives weight-update groups too
+
+    engine = EmbeddedEngine(model, processor, max_batch=args.max_running_requests, weight_receiver=GroupReceiver())
     server = Server(engine, args.host, args.port, close_engine=True)
     print(f"stand-in SGLang server (embedded engine) serving {args.model_path} at {server.url}", flush=True)
     stop = threading.Event()

@@ -1,0 +1,247 @@
+"""Weight updates of the embedded engine, mixed into :class:`~relax_gym.trainer.engines.embedded.EmbeddedEngine`.
+
+**Weights.** :meth:`load_state_dict` (named tensors), :meth:`update_from_disk` (a ``save_policy`` /
+``save_pretrained`` directory or a ``.safetensors`` file; never pickles) and the distributed path
+(:meth:`init_weights_update_group`, :meth:`update_weights_from_distributed`: gloo, or nccl with the model on
+CUDA; one broadcast per tensor or SGLang's ``flattened_bucket`` format, one broadcast per call). The group
+itself is the DCS's code: the engine joins and receives through the ``weight_receiver`` it was given
+(the DCS's ``GroupReceiver``, handed in by whoever composes engine and DCS); an engine
+without one refuses distributed updates.
+:meth:`weights_checksum` gives SHA-256 digests of the current weights (a push can be checked bit for bit).
+Names are the model's
+``state_dict`` keys or their checkpoint spellings (what ``save_pretrained`` writes, with or without the full
+Qwen2.5-Omni model's ``thinker.`` prefix; ``talker.`` / ``token2wav.`` tensors are skipped). An update is
+validated completely (names, shapes) before any tensor is copied, and applied between batches under the model
+lock, so a batch never mixes weights. ``weight_version`` (a string) is reported in every response.
+
+The mixin reads the engine's state: ``model``, ``_state`` (``state_dict(keep_vars=True)``), ``_names`` (accepted
+name → state_dict key, built by :meth:`WeightUpdates._build_name_map`), ``_model_lock``, ``_groups`` /
+``_groups_lock`` / ``_group_locks``, ``weight_receiver``, ``_device``, ``dist_timeout_s``, ``_cv`` / ``_stats``,
+``_weight_version``, ``model_path`` and ``abort_all()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from relax_gym.trainer.engines.admin_protocol import DEFAULT_GROUP_NAME, FLATTENED_BUCKET, deserialize_named_tensors, tensor_digest
+from relax_gym.trainer.engines.errors import EngineRequestError
+
+logger = logging.getLogger(__name__)
+
+_SKIPPED_PREFIXES = ("talker.", "token2wav.")
+
+
+class WeightUpdates:
+    """Load named tensors, safetensors checkpoints and distributed broadcasts into the engine's model."""
+
+    def load_state_dict(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                        weight_version: str | None = None, *, abort_all_requests: bool = False) -> str:
+        """Copy named tensors into the model (all validated first; applied between batches). Returns a message."""
+        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        plan = self._plan([(name, tuple(t.shape)) for name, t in items])
+        if abort_all_requests:
+            self.abort_all()
+        by_name = dict(items)
+        with self._model_lock, torch.no_grad():
+            for name, key in plan:
+                self._state[key].copy_(by_name[name])
+            self._bump(weight_version)
+        return f"Loaded {len(plan)} tensors (weight version {self._weight_version})."
+
+    def update_weights_from_tensor(self, serialized_named_tensors: Sequence[str], *, load_format: str | None = None,
+                                   weight_version: str | None = None, abort_all_requests: bool = False) -> str:
+        """SGLang's ``update_weights_from_tensor``: one payload per TP rank (exactly one here), each base64
+        safetensors (:func:`~relax_gym.trainer.engines.admin_protocol.serialize_named_tensors`)."""
+        if load_format not in (None, "safetensors", "auto"):
+            raise EngineRequestError(f"load_format={load_format!r} is not supported (the payload is base64 safetensors)")
+        if len(serialized_named_tensors) != 1:
+            raise EngineRequestError(f"serialized_named_tensors needs one entry per tensor-parallel rank; the embedded "
+                                     f"engine has 1, got {len(serialized_named_tensors)}")
+        try:
+            tensors = deserialize_named_tensors(serialized_named_tensors[0])
+        except ValueError as exc:
+            raise EngineRequestError(str(exc)) from None
+        return self.load_state_dict(tensors, weight_version=weight_version, abort_all_requests=abort_all_requests)
+
+    def update_from_disk(self, path: str | Path, *, load_format: str | None = None, weight_version: str | None = None,
+                         abort_all_requests: bool = False) -> str:
+        """Load the ``*.safetensors`` of a checkpoint directory (``save_policy`` / ``save_pretrained``, sharded
+        or not) or one ``.safetensors`` file. Pickle checkpoints (``.bin`` / ``.pt``) are refused."""
+        from safetensors import safe_open
+
+        if load_format not in (None, "auto", "safetensors"):
+            raise EngineRequestError(f"load_format={load_format!r} is not supported (safetensors checkpoints only)")
+        root = Path(path)
+        if root.is_file():
+            files = [root] if root.suffix == ".safetensors" else []
+        elif root.is_dir():
+            files = sorted(root.glob("*.safetensors"))
+        else:
+            raise EngineRequestError(f"model_path {str(root)!r} does not exist")
+        if not files:
+            pickles = sorted(p.name for p in (root.glob("*") if root.is_dir() else [root]) if p.suffix in (".bin", ".pt", ".pth"))
+            hint = f" (found {pickles}: pickle checkpoints are never loaded; save with safetensors)" if pickles else ""
+            raise EngineRequestError(f"no .safetensors weights at {str(root)!r}{hint}")
+        shapes: list[tuple[str, tuple[int, ...]]] = []
+        where: dict[str, Path] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as fh:
+                for name in fh.keys():
+                    shapes.append((name, tuple(fh.get_slice(name).get_shape())))
+                    where[name] = f
+        plan = self._plan(shapes)
+        if not plan:
+            raise EngineRequestError(f"no tensor of {str(root)!r} belongs to this model")
+        if abort_all_requests:
+            self.abort_all()
+        with self._model_lock, torch.no_grad():
+            by_file: dict[Path, list[tuple[str, str]]] = {}
+            for name, key in plan:
+                by_file.setdefault(where[name], []).append((name, key))
+            for f, entries in by_file.items():
+                with safe_open(str(f), framework="pt") as fh:
+                    for name, key in entries:
+                        self._state[key].copy_(fh.get_tensor(name))
+            self._bump(weight_version)
+            self.model_path = str(root)
+        return f"Loaded {len(plan)} tensors from {str(root)!r} (weight version {self._weight_version})."
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str = DEFAULT_GROUP_NAME, backend: str = "gloo") -> str:
+        """Join the trainer's weight-update group as rank ``rank_offset`` (blocks until all ranks meet).
+        ``backend``: ``"gloo"``, or ``"nccl"`` when the model is on a CUDA device (tensors arrive on it)."""
+        if backend == "nccl" and self._device.type != "cuda":
+            raise EngineRequestError(f"backend 'nccl' needs the model on a CUDA device; this engine runs on "
+                                     f"{self._device} (use 'gloo')")
+        if backend not in ("gloo", "nccl"):
+            raise EngineRequestError(f"backend {backend!r} is not available in the embedded engine; use 'gloo' "
+                                     "(or 'nccl' with the model on CUDA)")
+        if self.weight_receiver is None:
+            raise EngineRequestError("this engine was started without a weight receiver: distributed weight updates "
+                                     "are not available (use update_weights_from_tensor / update_weights_from_disk)")
+        with self._groups_lock:
+            if group_name in self._groups:
+                raise EngineRequestError(f"weight update group {group_name!r} already exists (destroy it first)")
+            self._group_locks.setdefault(group_name, threading.Lock())
+        try:
+            group = self.weight_receiver.join(master_address, master_port, rank_offset, world_size,
+                                              group_name=group_name, backend=backend, timeout_s=self.dist_timeout_s,
+                                              device=self._device)
+        except (ValueError, RuntimeError) as exc:
+            raise EngineRequestError(f"could not join weight update group {group_name!r}: {exc}") from None
+        with self._groups_lock:
+            self._groups[group_name] = group
+        return f"Joined weight update group {group_name!r} as rank {rank_offset} of {world_size}."
+
+    def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
+                                        group_name: str = DEFAULT_GROUP_NAME, *, weight_version: str | None = None,
+                                        abort_all_requests: bool = False, load_format: str | None = None) -> str:
+        """Receive the announced tensors from rank 0, then apply them like :meth:`load_state_dict`. By default
+        one broadcast per tensor (in order, with the announced dtypes / shapes); with
+        ``load_format="flattened_bucket"`` (SGLang's name) one broadcast of a ``uint8`` tensor holding all their
+        bytes back to back (received by the ``weight_receiver``). Everything
+        announced is received even when a name turns out to be wrong (so the group stays in step); the error is
+        raised after."""
+        if not len(names) == len(dtypes) == len(shapes):
+            raise EngineRequestError("names, dtypes and shapes need the same length")
+        if load_format not in (None, "auto", *self.weight_update_load_formats):
+            raise EngineRequestError(f"load_format={load_format!r} is not supported for distributed updates "
+                                     f"(null for one broadcast per tensor, or {FLATTENED_BUCKET!r})")
+        with self._groups_lock:
+            group = self._groups.get(group_name)
+            lock = self._group_locks.get(group_name)
+        if group is None or lock is None:
+            raise EngineRequestError(f"no weight update group {group_name!r} (call init_weights_update_group first)")
+        with lock:  # one update per group at a time: the receiver reuses its buffer
+            try:
+                tensors = self.weight_receiver.receive(group, dtypes, shapes, None if load_format == "auto" else load_format)
+            except ValueError as exc:
+                raise EngineRequestError(f"dtypes: {exc}") from None
+            return self.load_state_dict(list(zip(names, tensors)), weight_version=weight_version,
+                                        abort_all_requests=abort_all_requests)
+
+    @property
+    def weight_update_load_formats(self) -> tuple[str, ...]:
+        """The distributed load formats beyond one broadcast per tensor (``flattened_bucket``), as the receiver
+        supports them; none without a receiver."""
+        return tuple(getattr(self.weight_receiver, "load_formats", ())) if self.weight_receiver is not None else ()
+
+    def weights_checksum(self, names: Sequence[str] | None = None) -> dict[str, str]:
+        """SHA-256 digests (:func:`~relax_gym.trainer.engines.admin_protocol.tensor_digest`) of the current
+        weights, by the names given (state_dict keys or checkpoint spellings) or of every state_dict key.
+        Taken under the model lock (never mid-update). Unknown names are an :class:`EngineRequestError`."""
+        if names is None:
+            wanted = [(k, k) for k in self._state]
+        else:
+            unknown = [n for n in names if n not in self._names]
+            if unknown:
+                raise EngineRequestError(f"{len(unknown)} unknown tensor name(s): {list(unknown)[:5]}")
+            wanted = [(n, self._names[n]) for n in names]
+        with self._model_lock:
+            return {name: tensor_digest(self._state[key]) for name, key in wanted}
+
+    def destroy_weights_update_group(self, group_name: str = DEFAULT_GROUP_NAME) -> str:
+        with self._groups_lock:
+            group = self._groups.pop(group_name, None)
+        if group is None:
+            raise EngineRequestError(f"no weight update group {group_name!r}")
+        self.weight_receiver.leave(group)
+        return f"Destroyed weight update group {group_name!r}."
+
+    # ------------------------------------------------------------------------------------------ weights: internals
+
+    def _build_name_map(self) -> dict[str, str]:
+        """Accepted tensor name → state_dict key: the keys themselves, their checkpoint spellings (what
+        ``save_pretrained`` writes, via transformers' reverse key mapping) and those with a ``thinker.`` prefix."""
+        names = {k: k for k in self._state}
+        try:
+            from transformers.core_model_loading import revert_weight_conversion
+
+            plain = self.model.state_dict()
+            key_of = {id(v): k for k, v in plain.items()}
+            for ckpt_name, tensor in revert_weight_conversion(self.model, dict(plain)).items():
+                key = key_of.get(id(tensor))
+                if key is not None:
+                    names.setdefault(ckpt_name, key)
+        except Exception:  # noqa: BLE001 - older / newer transformers: runtime names still work
+            logger.debug("no checkpoint key mapping available; only state_dict names are accepted", exc_info=True)
+        for name, key in list(names.items()):
+            names.setdefault(f"thinker.{name}", key)
+        return names
+
+    def _plan(self, shapes: Sequence[tuple[str, tuple[int, ...]]]) -> list[tuple[str, str]]:
+        """Validate names and shapes; ``[(given name, state_dict key)]``; skipped: talker / token2wav tensors."""
+        plan, unknown, wrong = [], [], []
+        for name, shape in shapes:
+            if name.startswith(_SKIPPED_PREFIXES):
+                continue
+            key = self._names.get(name)
+            if key is None:
+                unknown.append(name)
+                continue
+            want = tuple(self._state[key].shape)
+            if tuple(shape) != want:
+                wrong.append(f"{name}: got {list(shape)}, the model has {list(want)}")
+                continue
+            plan.append((name, key))
+        if unknown or wrong:
+            parts = []
+            if unknown:
+                parts.append(f"{len(unknown)} unknown tensor name(s): {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+            if wrong:
+                parts.append(f"{len(wrong)} shape mismatch(es): {wrong[:5]}{' ...' if len(wrong) > 5 else ''}")
+            raise EngineRequestError("weight update refused, nothing was loaded: " + "; ".join(parts))
+        return plan
+
+    def _bump(self, weight_version: str | None) -> None:
+        if weight_version is not None:
+            self._weight_version = str(weight_version)
+        with self._cv:
+            self._stats["weight_updates"] += 1
+

@@ -1,0 +1,87 @@
+"""A step's metrics from its episodes, the eval row, and the summary's start / end fields — for both modes.
+
+Episodes come as summaries (:func:`~relax_gym.trainer.rollout.samples.summary_dict`: ``reward``, ``status``,
+``trainable``, ``reward_breakdown``, ``completion_tokens``, ``tool_calls``). Reward components are whatever the
+env reports in ``info["reward_breakdown"]``: every key K is logged as ``K_mean`` in the step row and ``eval_K`` in
+the eval row (the built-in envs report ``accuracy`` and ``format``: ``accuracy_mean``, ``eval_accuracy``, …).
+Means are over the episodes that were not masked (:data:`~relax_gym.trainer.rollout.episode.MASKED_STATUSES`); an
+episode without a component counts 0 for it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from relax_gym.trainer.rollout.episode import MASKED_STATUSES
+
+__all__ = ["EVAL_FIELDS", "component_means", "episodes_masked", "eval_components", "eval_row", "rollout_row",
+           "summary_end", "summary_start"]
+
+# The eval row's own fields; every other ``eval_*`` key is a reward component.
+EVAL_FIELDS = frozenset({"eval_reward", "eval_failed", "eval_tool_calls", "eval_policy_version"})
+
+Episode = Mapping[str, Any]
+
+
+def _ok(episodes: Sequence[Episode]) -> list[Episode]:
+    return [e for e in episodes if e["status"] not in MASKED_STATUSES]
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else 0.0
+
+
+def component_means(episodes: Sequence[Episode]) -> dict[str, float]:
+    """The mean of every reward component (a key of some episode's ``reward_breakdown``) over ``episodes``,
+    by component name, sorted."""
+    names = sorted({k for e in episodes for k in (e.get("reward_breakdown") or {})})
+    return {k: _mean([float((e.get("reward_breakdown") or {}).get(k, 0.0)) for e in episodes]) for k in names}
+
+
+def episodes_masked(episodes: Sequence[Episode]) -> int:
+    """Episodes that are not trained on (failed, or nothing to learn from)."""
+    return sum(1 for e in episodes if not e["trainable"])
+
+
+def rollout_row(episodes: Sequence[Episode], rollout_s: float) -> dict[str, Any]:
+    """What a step's rollout adds to its metrics row: ``reward_mean``, ``K_mean`` per reward component,
+    ``status_<status>`` counts and ``rollout_tokens_per_s``."""
+    ok = _ok(episodes)
+    completion = sum(int(e["completion_tokens"]) for e in episodes)
+    return {
+        "reward_mean": _mean([float(e["reward"]) for e in ok]),
+        **{f"{k}_mean": v for k, v in component_means(ok).items()},
+        **{f"status_{s}": n for s, n in Counter(e["status"] for e in episodes).items()},
+        "rollout_tokens_per_s": completion / max(rollout_s, 1e-9),
+    }
+
+
+def eval_row(episodes: Sequence[Episode]) -> dict[str, Any]:
+    """The eval metrics of greedy episodes: ``eval_reward``, ``eval_K`` per reward component, ``eval_failed``,
+    ``eval_tool_calls``."""
+    ok = _ok(episodes)
+    return {
+        "eval_reward": _mean([float(e["reward"]) for e in ok]),
+        **{f"eval_{k}": v for k, v in component_means(ok).items() if f"eval_{k}" not in EVAL_FIELDS},
+        "eval_failed": len(episodes) - len(ok),
+        "eval_tool_calls": _mean([float(e.get("tool_calls", 0) or 0) for e in ok]),
+    }
+
+
+def eval_components(row: Mapping[str, Any]) -> list[str]:
+    """The ``eval_*`` keys of an eval row that summarise: the reward and its components."""
+    return ["eval_reward", *sorted(k for k in row if k.startswith("eval_") and k not in EVAL_FIELDS)]
+
+
+def summary_start(first_eval: Mapping[str, Any]) -> dict[str, float]:
+    """``eval_reward_start`` and ``eval_K_start`` (e.g. ``eval_accuracy_start``) from the run's first eval."""
+    return {f"{k}_start": first_eval[k] for k in eval_components(first_eval)}
+
+
+def summary_end(last_eval: Mapping[str, Any]) -> dict[str, float]:
+    """``eval_reward_end`` and ``eval_K_end`` from the run's last eval."""
+    return {f"{k}_end": last_eval[k] for k in eval_components(last_eval)}

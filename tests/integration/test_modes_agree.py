@@ -1,0 +1,51 @@
+"""Both training modes run the same RL step definition (relax_gym.trainer.run): a short colocate run and a short
+async S = 0 run write checkpoints at the same steps and the same metrics keys (but for the keys only one mode has by
+nature), both for a run that reaches its last step and for one stopped by ``trainer.time_budget_s`` (a 1 ms budget:
+the first step always stops it, evaluated and checkpointed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from relax_gym.cli import app
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa.yaml"
+TINY = ["trainer.steps=3", "trainer.sft_warmup_steps=1", "trainer.sft_batch_size=2", "trainer.prompts_per_step=2",
+        "trainer.group_size=2", "trainer.eval_episodes=2", "trainer.eval_every=2", "trainer.checkpoint_every=2",
+        "inference.max_new_tokens=8", "metrics.tensorboard=false", "trainer.max_staleness=0", "roles.bus=inprocess"]
+# by nature in one mode only: the async actor's versions, staleness, data wait and bus counts; colocate's lr (the
+# async actor sets its lr itself). status_<s> counts depend on what the sampled episodes did.
+ASYNC_ONLY = {"trained_version", "rollout_version_min", "rollout_version_max", "staleness_avg", "staleness_max",
+              "data_wait_s", "data_wait_fraction", "partial_groups", "samples_consumed"}
+COLOCATE_ONLY = {"lr"}
+
+
+def run(tmp_path: Path, name: str, mode: str, budget: str) -> tuple[list[int], dict[int, set[str]]]:
+    run_dir = tmp_path / name
+    args = ["train", str(RECIPE), *TINY, f"trainer.mode={mode}", f"trainer.time_budget_s={budget}", "--run-dir", str(run_dir)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    ckpts = sorted(int(p.name.removeprefix("step_")) for p in (run_dir / "checkpoints").glob("step_*"))
+    keys: dict[int, set[str]] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        keys.setdefault(row["step"], set()).update(k for k in row if not k.startswith("status_"))
+    return ckpts, keys
+
+
+def test_colocate_and_async_write_the_same_checkpoints_and_metrics(ray_session, tmp_path):
+    for budget, want in (("null", [2, 3]), ("0.001", [1])):
+        colocate_ckpts, colocate = run(tmp_path, f"colocate-{budget}", "colocate", budget)
+        async_ckpts, async_ = run(tmp_path, f"async-{budget}", "async", budget)
+        assert colocate_ckpts == async_ckpts == want, budget
+        assert sorted(colocate) == sorted(async_), budget  # the same rows: warm-up, eval at 0, each step
+        for step in colocate:
+            assert colocate[step] - COLOCATE_ONLY == async_[step] - ASYNC_ONLY, (budget, step)
+        last = max(colocate)
+        assert {"eval_reward", "eval_accuracy", "eval_format", "accuracy_mean", "format_mean"} <= colocate[last]
