@@ -50,7 +50,8 @@ class Trajectory:
     error: str = ""
     turns: int = 0
     completion_tokens: int = 0
-    weight_version: str | None = None
+    weight_version: str | None = None  # the engine's weight version of the last turn
+    weight_versions: list[str] = field(default_factory=list)  # one per generated turn, as the engine reported it
     info: dict[str, Any] = field(default_factory=dict)
     # MoE policies: (positions, MoE layers, top_k) int16 expert ids, positions from 0 (see trainer/policy/routing.py)
     routed_experts: torch.Tensor | None = None
@@ -98,6 +99,8 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
         traj.turns += 1
         traj.completion_tokens += len(out.output_ids)
         traj.weight_version = out.weight_version
+        if out.weight_version is not None:
+            traj.weight_versions.append(str(out.weight_version))
         action = processor.decode(out.output_ids, skip_special_tokens=True)
         try:
             obs, reward, terminated, truncated, info = await _in_env_thread(env.step, action)

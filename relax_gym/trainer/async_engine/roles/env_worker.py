@@ -40,24 +40,9 @@ from relax_gym.trainer.async_engine.replica import announce_replica, build_proce
 from relax_gym.trainer.rollout.episode import Trajectory, run_episode
 from relax_gym.trainer.rollout.samples import parse_version, summary_dict, trajectory_row
 
-__all__ = ["EnvWorkerRole", "VersionTap"]
+__all__ = ["EnvWorkerRole"]
 
 log = logging.getLogger(__name__)
-
-
-class VersionTap:
-    """Wraps an engine client for one episode and keeps the weight version of every answer it got."""
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self.versions: list[int] = []
-
-    async def generate(self, *args: Any, **kwargs: Any) -> Any:
-        out = await self.client.generate(*args, **kwargs)
-        version = parse_version(getattr(out, "weight_version", None))
-        if version is not None:
-            self.versions.append(version)
-        return out
 
 
 class EnvWorkerRole:
@@ -115,9 +100,8 @@ class EnvWorkerRole:
 
     async def _episode(self, pool: asyncio.Queue, seed: int, group: int, greedy: bool) -> tuple[Trajectory, list[int]]:
         env = await pool.get()
-        tap = VersionTap(self._client)
         try:
-            traj = await run_episode(env, tap, self.processor, seed=seed, group_id=group, sampling_params=self._sampling(greedy),
+            traj = await run_episode(env, self._client, self.processor, seed=seed, group_id=group, sampling_params=self._sampling(greedy),
                                      max_turns=self.cfg.trainer.max_turns, routing=None if greedy else self.routing)
         except Exception as exc:  # noqa: BLE001 - the runner masks env / engine errors; anything else is masked here
             log.exception("episode seed %d failed outside the runner", seed)
@@ -125,7 +109,8 @@ class EnvWorkerRole:
             env = self._fresh_env(env, greedy)
         finally:
             pool.put_nowait(env)
-        return traj, tap.versions
+        versions = [v for v in (parse_version(w) for w in traj.weight_versions) if v is not None]
+        return traj, versions
 
     def _fresh_env(self, broken: Any, greedy: bool) -> Any:
         """A new env in place of one whose episode failed outside the runner (it may be in any state)."""
