@@ -249,11 +249,11 @@ def run_arm(name: str, overrides: list[str], run_dir: Path) -> dict[str, Any]:
     evals = [r for r in rows if "eval_reward" in r]
     best = max(evals, key=lambda r: r["eval_reward"])
     n = cfg.trainer.eval_episodes
-    acc = summary["eval_accuracy_end"]
+    acc = summary.get("eval_accuracy_end", 0.0)  # absent when no eval episode ever answered (all truncated)
     return {
         "arm": name, "steps": summary["steps"], "minutes": (time.perf_counter() - t0) / 60,
         "eval_reward_start": summary["eval_reward_start"], "eval_reward_end": summary["eval_reward_end"],
-        "eval_accuracy_start": summary["eval_accuracy_start"], "eval_accuracy_end": acc,
+        "eval_accuracy_start": summary.get("eval_accuracy_start", 0.0), "eval_accuracy_end": acc,
         "eval_accuracy_end_se": math.sqrt(acc * (1 - acc) / n), "eval_episodes": n,
         "best_eval_reward": best["eval_reward"], "best_step": best["step"],
         "eval_tool_calls_start": evals[0]["eval_tool_calls"], "eval_tool_calls_end": evals[-1]["eval_tool_calls"],

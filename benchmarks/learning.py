@@ -63,7 +63,7 @@ def run(quick: bool = False, *, recipe: str = "recipes/cpu-nextqa.yaml", seeds: 
         best_reward, best_step = _best_eval(run_dir)
         rows.append({"seed": seed, "steps": s["steps"], "minutes": s["elapsed_s"] / 60,
                      "eval_reward_start": s["eval_reward_start"], "eval_reward_end": s["eval_reward_end"],
-                     "gain": s["eval_reward_end"] - s["eval_reward_start"], "eval_accuracy_end": s["eval_accuracy_end"],
+                     "gain": s["eval_reward_end"] - s["eval_reward_start"], "eval_accuracy_end": s.get("eval_accuracy_end", 0.0),
                      "best_eval_reward": best_reward, "best_step": best_step, "run_dir": str(run_dir)})
     engine = engine_bench.run(repeats=2) if quick else engine_bench.run()
     return {"recipe": recipe, "quick": quick, "overrides": overrides, "seeds": rows, "engine": engine}

@@ -29,7 +29,8 @@ from relax_gym.trainer.run.checkpoint import (TrainerState, eval_history, load_c
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.run.schedule import Schedule
 from relax_gym.trainer.run.seeds import eval_seeds, train_seeds
-from relax_gym.trainer.run.step_row import episodes_masked, eval_row, rollout_row, summary_end, summary_start
+from relax_gym.trainer.run.step_row import (RewardComponents, episodes_masked, eval_row, rollout_row, summary_end,
+                                            summary_start)
 from relax_gym.trainer.run.warmup import report_warmup_row, run_warmup
 from relax_gym.trainer.dcs.names import checkpoint_names
 from relax_gym.trainer.dcs.push import make_pusher
@@ -81,6 +82,7 @@ class ColocateTrainer:
         self.rng = np.random.default_rng(cfg.trainer.seed)
         self.lr_gate = DecayGate(cfg.actor.lr_hold_until_reward, cfg.actor.lr_hold_window)  # when the lr decay starts
         self.schedule = Schedule(cfg.trainer)  # eval / checkpoint / stop after each step, and the run's clock
+        self.components = RewardComponents()  # the reward components seen in the run: every row keeps them
         self.faults = LocalFaults(FaultSchedule(cfg.faults, self.run_dir), getattr(self.engine_host, "engine", None))
         self.resumed: TrainerState | None = None
         if self.resume is not None and self.resume.path is not None:
@@ -129,7 +131,8 @@ class ColocateTrainer:
     async def evaluate(self, envs: asyncio.Queue) -> dict[str, float]:
         n = self.cfg.trainer.eval_episodes
         trajs = await self._episodes(envs, [(s, i) for i, s in enumerate(eval_seeds(n))], self._sampling(greedy=True))
-        return {**eval_row([summary_dict(t) for t in trajs]), "eval_policy_version": self.version}
+        episodes = [summary_dict(t) for t in trajs]
+        return {**eval_row(episodes, self.components.observe(episodes)), "eval_policy_version": self.version}
 
     def rl_step(self, trajs: list[Trajectory]) -> dict[str, float]:
         cfg = self.cfg
@@ -209,7 +212,7 @@ class ColocateTrainer:
             t3 = time.perf_counter()
             episodes = [summary_dict(x) for x in trajs]
             row = {
-                "episodes_masked": episodes_masked(episodes), **m, **rollout_row(episodes, t1 - t0),
+                "episodes_masked": episodes_masked(episodes), **m, **rollout_row(episodes, t1 - t0, self.components.observe(episodes)),
                 "policy_version": self.version, "lr": lr,
                 "time_rollout_s": t1 - t0, "time_train_s": t2 - t1, "time_sync_s": t3 - t2, "time_step_s": t3 - t0,
                 "elapsed_s": self.schedule.elapsed(),
@@ -225,7 +228,7 @@ class ColocateTrainer:
                 self.checkpoint(step)
             if plan.stop:
                 break
-        summary.update({**summary_end(last_eval), "steps": step, "elapsed_s": self.schedule.elapsed()})
+        summary.update({**summary_end(last_eval, first_eval), "steps": step, "elapsed_s": self.schedule.elapsed()})
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         for queue in (train_envs, eval_envs):
             while not queue.empty():

@@ -106,3 +106,21 @@ def test_a_time_budget_stop_evaluates_and_checkpoints_the_step_it_stops_at():
     tiny.start()
     clock.now += 0.01  # any step takes longer than 1 ms: the first one stops the run
     assert tiny.after(1).stop
+
+
+def test_a_component_seen_once_stays_in_every_later_row():
+    """A batch whose episodes all ended without a breakdown (truncated) still logs the run's components, at 0.0,
+    and the summary's end fields match its start fields."""
+    from relax_gym.trainer.run.step_row import RewardComponents
+
+    seen = RewardComponents()
+    answered = [{"reward": 1.0, "status": "ok", "trainable": True, "completion_tokens": 3,
+                 "reward_breakdown": {"accuracy": 1.0, "format": 1.0}}]
+    truncated = [{"reward": 0.0, "status": "truncated", "trainable": True, "completion_tokens": 9, "reward_breakdown": {}}]
+    first = eval_row(answered, seen.observe(answered))
+    assert first["eval_accuracy"] == 1.0
+    later = rollout_row(truncated, 1.0, seen.observe(truncated))
+    assert later["accuracy_mean"] == 0.0 and later["format_mean"] == 0.0
+    last = eval_row(truncated)  # a row built without the run's memory has no components ...
+    assert "eval_accuracy" not in last
+    assert summary_end(last, first) == {"eval_reward_end": 0.0, "eval_accuracy_end": 0.0, "eval_format_end": 0.0}

@@ -59,7 +59,8 @@ from relax_gym.trainer.run.lr_schedule import DecayGate, progress
 from relax_gym.trainer.run.metrics import MetricsWriter
 from relax_gym.trainer.run.schedule import Schedule
 from relax_gym.trainer.run.seeds import eval_seeds, prompt_seed
-from relax_gym.trainer.run.step_row import episodes_masked, eval_row, rollout_row, summary_end, summary_start
+from relax_gym.trainer.run.step_row import (RewardComponents, episodes_masked, eval_row, rollout_row, summary_end,
+                                            summary_start)
 from relax_gym.trainer.run.warmup import report_warmup_row
 from relax_gym.trainer.policy.moe import routing_dims
 from relax_gym.trainer.async_engine.recovery import GlobalRestart, RecoveryError, is_replica_failure, kill_replica
@@ -94,6 +95,7 @@ class AsyncTrainer:
                                      purge_step=self.resume.step + 1 if self.resume else None)
         self.faults = FaultSchedule(cfg.faults, self.run_dir)
         self.schedule = Schedule(cfg.trainer)  # eval / checkpoint / stop after each step, and the run's clock
+        self.components = RewardComponents()  # the reward components seen in the run: every row keeps them
         self.topology = Topology(cfg)
         self.ledger = SampleLedger(cfg.trainer)
         self.level1: Counter[str] = Counter()  # replicas replaced in topologies already torn down, by role
@@ -221,7 +223,7 @@ class AsyncTrainer:
             await self._abandon(rollouts, streams)
         loop_s = time.perf_counter() - loop_start
         summary.update({
-            **summary_end(last_eval),
+            **summary_end(last_eval, first_eval),
             "steps": steps_done, "elapsed_s": self.schedule.elapsed(), "mode": "async", "max_staleness": t.max_staleness,
             "steps_per_hour": 3600.0 * (steps_done - first) / loop_s if loop_s > 0 else 0.0,
             "data_wait_fraction": _share(waits),  # actor waiting for data / wall time of its steps
@@ -333,7 +335,7 @@ class AsyncTrainer:
             row["episodes_trained"] = res["episodes_trained"]
         row.update(res["metrics"])
         row.update({
-            **rollout_row(episodes, roll["time_rollout_s"]),
+            **rollout_row(episodes, roll["time_rollout_s"], self.components.observe(episodes)),
             "policy_version": res["version"], "trained_version": res["trained_version"],
             "rollout_version_min": res["rollout_version_min"], "rollout_version_max": res["rollout_version_max"],
             "staleness_avg": res["staleness_avg"], "staleness_max": res["staleness_max"],
@@ -351,7 +353,8 @@ class AsyncTrainer:
         chunks = [seeds[i : i + EVAL_CHUNK] for i in range(0, len(seeds), EVAL_CHUNK)]
         answers = await asyncio.gather(*(self.supervisor.call("env_worker", lambda c=c: worker.evaluate.remote(c), "eval")
                                          for c in chunks))
-        return {**eval_row([e for a in answers for e in a]), "eval_policy_version": self.version}
+        episodes = [e for a in answers for e in a]
+        return {**eval_row(episodes, self.components.observe(episodes)), "eval_policy_version": self.version}
 
     # -- recovery ------------------------------------------------------------------------------------------------
 

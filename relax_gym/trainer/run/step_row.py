@@ -5,7 +5,9 @@ Episodes come as summaries (:func:`~relax_gym.trainer.rollout.samples.summary_di
 env reports in ``info["reward_breakdown"]``: every key K is logged as ``K_mean`` in the step row and ``eval_K`` in
 the eval row (the built-in envs report ``accuracy`` and ``format``: ``accuracy_mean``, ``eval_accuracy``, …).
 Means are over the episodes that were not masked (:data:`~relax_gym.trainer.rollout.episode.MASKED_STATUSES`); an
-episode without a component counts 0 for it.
+episode without a component counts 0 for it (a truncated episode reports no breakdown at all). A trainer keeps the
+components it has seen in the run (:class:`RewardComponents`), so a component stays in every later row, at 0.0 in a
+batch where no episode reports it, and a run's metric keys do not depend on which episodes happened to finish.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from relax_gym.trainer.rollout.episode import MASKED_STATUSES
 
-__all__ = ["EVAL_FIELDS", "component_means", "episodes_masked", "eval_components", "eval_row", "rollout_row",
+__all__ = ["EVAL_FIELDS", "RewardComponents", "component_means", "episodes_masked", "eval_components", "eval_row", "rollout_row",
            "summary_end", "summary_start"]
 
 # The eval row's own fields; every other ``eval_*`` key is a reward component.
@@ -35,10 +37,22 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(values)) if values else 0.0
 
 
-def component_means(episodes: Sequence[Episode]) -> dict[str, float]:
-    """The mean of every reward component (a key of some episode's ``reward_breakdown``) over ``episodes``,
-    by component name, sorted."""
-    names = sorted({k for e in episodes for k in (e.get("reward_breakdown") or {})})
+class RewardComponents:
+    """The reward components a run has seen so far (keys of its episodes' ``reward_breakdown``)."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def observe(self, episodes: Sequence[Episode]) -> list[str]:
+        """Add the components of ``episodes``; every name seen so far, sorted."""
+        self.names.update(k for e in episodes for k in (e.get("reward_breakdown") or {}))
+        return sorted(self.names)
+
+
+def component_means(episodes: Sequence[Episode], known: Sequence[str] = ()) -> dict[str, float]:
+    """The mean of every reward component (a key of some episode's ``reward_breakdown``, or one of ``known``) over
+    ``episodes``, by component name, sorted."""
+    names = sorted({*known, *(k for e in episodes for k in (e.get("reward_breakdown") or {}))})
     return {k: _mean([float((e.get("reward_breakdown") or {}).get(k, 0.0)) for e in episodes]) for k in names}
 
 
@@ -47,26 +61,26 @@ def episodes_masked(episodes: Sequence[Episode]) -> int:
     return sum(1 for e in episodes if not e["trainable"])
 
 
-def rollout_row(episodes: Sequence[Episode], rollout_s: float) -> dict[str, Any]:
-    """What a step's rollout adds to its metrics row: ``reward_mean``, ``K_mean`` per reward component,
-    ``status_<status>`` counts and ``rollout_tokens_per_s``."""
+def rollout_row(episodes: Sequence[Episode], rollout_s: float, known: Sequence[str] = ()) -> dict[str, Any]:
+    """What a step's rollout adds to its metrics row: ``reward_mean``, ``K_mean`` per reward component (those of
+    the episodes and the ``known`` ones), ``status_<status>`` counts and ``rollout_tokens_per_s``."""
     ok = _ok(episodes)
     completion = sum(int(e["completion_tokens"]) for e in episodes)
     return {
         "reward_mean": _mean([float(e["reward"]) for e in ok]),
-        **{f"{k}_mean": v for k, v in component_means(ok).items()},
+        **{f"{k}_mean": v for k, v in component_means(ok, known).items()},
         **{f"status_{s}": n for s, n in Counter(e["status"] for e in episodes).items()},
         "rollout_tokens_per_s": completion / max(rollout_s, 1e-9),
     }
 
 
-def eval_row(episodes: Sequence[Episode]) -> dict[str, Any]:
-    """The eval metrics of greedy episodes: ``eval_reward``, ``eval_K`` per reward component, ``eval_failed``,
-    ``eval_tool_calls``."""
+def eval_row(episodes: Sequence[Episode], known: Sequence[str] = ()) -> dict[str, Any]:
+    """The eval metrics of greedy episodes: ``eval_reward``, ``eval_K`` per reward component (those of the
+    episodes and the ``known`` ones), ``eval_failed``, ``eval_tool_calls``."""
     ok = _ok(episodes)
     return {
         "eval_reward": _mean([float(e["reward"]) for e in ok]),
-        **{f"eval_{k}": v for k, v in component_means(ok).items() if f"eval_{k}" not in EVAL_FIELDS},
+        **{f"eval_{k}": v for k, v in component_means(ok, known).items() if f"eval_{k}" not in EVAL_FIELDS},
         "eval_failed": len(episodes) - len(ok),
         "eval_tool_calls": _mean([float(e.get("tool_calls", 0) or 0) for e in ok]),
     }
@@ -82,6 +96,8 @@ def summary_start(first_eval: Mapping[str, Any]) -> dict[str, float]:
     return {f"{k}_start": first_eval[k] for k in eval_components(first_eval)}
 
 
-def summary_end(last_eval: Mapping[str, Any]) -> dict[str, float]:
-    """``eval_reward_end`` and ``eval_K_end`` from the run's last eval."""
-    return {f"{k}_end": last_eval[k] for k in eval_components(last_eval)}
+def summary_end(last_eval: Mapping[str, Any], first_eval: Mapping[str, Any] | None = None) -> dict[str, float]:
+    """``eval_reward_end`` and ``eval_K_end`` from the run's last eval, for every component of the last and the
+    first eval (0.0 for one the last eval did not report), so that each ``_start`` field has its ``_end``."""
+    names = sorted({*eval_components(last_eval), *(eval_components(first_eval) if first_eval is not None else ())})
+    return {f"{k}_end": float(last_eval.get(k, 0.0)) for k in names}
