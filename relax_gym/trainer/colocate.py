@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from relax_gym.trainer.run.checkpoint import (TrainerState, eval_history, load_c
                                               resume_point, save_checkpoint, trainer_state)
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.run.schedule import Schedule
-from relax_gym.trainer.run.seeds import eval_seeds, train_seeds
+from relax_gym.trainer.run.seeds import eval_seeds, seed_everything, train_seeds
 from relax_gym.trainer.run.step_row import (RewardComponents, episodes_masked, eval_row, rollout_row, summary_end,
                                             summary_start)
 from relax_gym.trainer.run.warmup import report_warmup_row, run_warmup
@@ -46,12 +45,6 @@ from relax_gym.trainer.rollout.episode import Trajectory, run_episode
 from relax_gym.trainer.rollout.samples import summary_dict
 
 log = logging.getLogger(__name__)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 class ColocateTrainer:

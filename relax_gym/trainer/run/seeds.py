@@ -7,7 +7,12 @@ use seeds from :data:`~relax_gym.trainer.run.warmup.WARMUP_SEED` on, apart from 
 
 from __future__ import annotations
 
-__all__ = ["EVAL_SEED_BASE", "eval_seeds", "prompt_seed", "step_seed_base", "train_seeds"]
+import random
+
+import numpy as np
+import torch
+
+__all__ = ["EVAL_SEED_BASE", "eval_seeds", "prompt_seed", "seed_everything", "step_seed_base", "train_seeds"]
 
 RUN_SEED_STRIDE = 10_000_019  # per trainer.seed: room for 10,000 steps before two seeds' streams meet
 STEP_SEED_STRIDE = 1_000  # room for up to 1000 prompts per step
@@ -32,3 +37,10 @@ def train_seeds(seed: int, step: int, prompts_per_step: int, group_size: int) ->
 def eval_seeds(n: int) -> list[int]:
     """The seeds of the ``n`` eval episodes (the same at every eval)."""
     return [EVAL_SEED_BASE + i for i in range(n)]
+
+
+def seed_everything(seed: int) -> None:
+    """Python's, NumPy's and torch's global generators from ``trainer.seed`` (model init and sampling at start-up)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections import Counter
 from pathlib import Path
@@ -32,6 +31,7 @@ from relax_gym.trainer.actors.factory import build_actor
 from relax_gym.trainer.run.checkpoint import TrainerState, load_checkpoint, restore_rng, save_checkpoint, trainer_state
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.run.warmup import run_warmup
+from relax_gym.trainer.run.seeds import seed_everything
 from relax_gym.trainer.run.lr_schedule import decayed_fraction, lr_at, progress
 from relax_gym.trainer.policy import build_policy, save_policy
 from relax_gym.trainer.async_engine.recovery import ReplacedActorError
@@ -64,9 +64,7 @@ class ActorRole:
         setup_replica(torch_threads)
         self.cfg = RelaxConfig.model_validate(cfg)
         seed = self.cfg.trainer.seed
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
+        seed_everything(seed)
         self.model, self.processor = build_policy(self.cfg.model)
         self.model.train()
         self.actor = build_actor(self.cfg, self.model, self.processor)  # actor.backend: hf or megatron
