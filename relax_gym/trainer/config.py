@@ -9,7 +9,8 @@ Sections: ``model`` (the policy), ``env`` (which env, its kwargs for training an
 (what to break and when, :mod:`~relax_gym.trainer.faults.schedule`), ``metrics``. Every model forbids
 unknown keys, so a typo is an error naming the key. Values that name parts not built are refused by the schema
 rather than silently ignored. ``actor.backend: megatron`` trains the policy's language decoder as a megatron-core
-GPTModel (``actor.tensor_parallel_size`` & co.; 1 on a CPU). ``inference.engine: sglang``
+GPTModel, sharded over ranks with ``actor.parallel`` (``tp``, ``pp``, ``dp``, ``ep``: one process per rank, a Ray
+rank group; relax_gym/trainer/actors/megatron/group.py). ``inference.engine: sglang``
 launches a real SGLang server per inference replica (``inference.sglang``: checkpoint, interpreter, TP size, port,
 memory share, extra flags, weight sync).
 """
@@ -77,12 +78,39 @@ class InferenceSection(_Section):
     host: str = "127.0.0.1"  # the engine's HTTP server binds loopback unless told otherwise
 
 
+class ParallelSection(_Section):
+    """How the megatron actor is sharded: one process per rank, world size ``tp * pp * dp`` (``cp`` must stay 1)."""
+
+    tp: int = Field(default=1, ge=1)  # tensor parallel: each matrix split over tp ranks (vision/audio towers replicated)
+    pp: int = Field(default=1, ge=1)  # pipeline parallel: decoder layers split into pp stages (towers on stage 0)
+    dp: int = Field(default=1, ge=1)  # data parallel: each micro-batch split over dp ranks, gradients summed
+    ep: int = Field(default=1, ge=1)  # expert parallel (qwen3_omni_moe): experts split over ep of the dp ranks
+    cp: int = Field(default=1, ge=1)  # context parallel: refused (needs CUDA attention kernels; see runtime.py)
+    # auto: world size 1 trains in this process, more ranks in a Ray rank group; ray: a rank group even for one rank
+    launcher: Literal["auto", "ray"] = "auto"
+    num_cpus_per_rank: float = Field(default=1.0, ge=0)  # Ray placement-group bundle per rank
+    num_gpus_per_rank: float = Field(default=0.0, ge=0)  # 1 on a GPU cluster (nccl); 0 on a CPU (gloo)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @model_validator(mode="after")
+    def _fits(self) -> ParallelSection:
+        if self.cp != 1:
+            raise ValueError(f"actor.parallel.cp={self.cp}: context parallel is not supported -- megatron-core splits "
+                             "attention over cp ranks only with Transformer Engine's ring attention (CUDA), and this "
+                             "backend runs megatron-core's local attention with an explicit mask")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"actor.parallel.ep={self.ep} must divide actor.parallel.dp={self.dp}: experts are "
+                             "split over the data-parallel ranks (Megatron's layout)")
+        return self
+
+
 class ActorSection(_Section):
     # hf: plain torch; megatron: megatron-core's GPTModel as the policy's language decoder (relax_gym/trainer/actors/megatron/actor.py)
     backend: Literal["hf", "megatron"] = "hf"
-    tensor_parallel_size: int = Field(default=1, ge=1)  # megatron only; above 1 needs GPUs and a multi-process launch
-    pipeline_parallel_size: int = Field(default=1, ge=1)
-    context_parallel_size: int = Field(default=1, ge=1)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)  # megatron only: the rank layout
     lr: float = Field(default=2e-4, gt=0)
     lr_schedule: LRSchedule = "constant"  # RL phase: decay to min_lr_ratio * lr over the run (steps or time budget)
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
@@ -98,16 +126,10 @@ class ActorSection(_Section):
 
     @model_validator(mode="after")
     def _parallel_sizes(self) -> ActorSection:
-        over = [f"actor.{k}={getattr(self, k)}" for k in ("tensor_parallel_size", "pipeline_parallel_size",
-                                                          "context_parallel_size") if getattr(self, k) != 1]
-        if over and self.backend != "megatron":
-            raise ValueError(f"{', '.join(over)}: parallel sizes apply to actor.backend=megatron, not {self.backend!r}")
-        if over:
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ValueError(f"{', '.join(over)}: on a CPU megatron-core runs with tensor, pipeline and context "
-                                 "parallel sizes of 1 (no GPU here)")
+        p = self.parallel
+        if self.backend != "megatron" and (p.world != 1 or p.ep != 1 or p.launcher != "auto"):
+            raise ValueError(f"actor.parallel (tp={p.tp}, pp={p.pp}, dp={p.dp}, ep={p.ep}, launcher={p.launcher}) "
+                             f"applies to actor.backend=megatron, not {self.backend!r}")
         return self
 
 

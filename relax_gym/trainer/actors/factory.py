@@ -1,6 +1,7 @@
 """The actor of the configured backend (``actor.backend``), for the colocate trainer and the async actor role.
 
-    actor = build_actor(cfg, model, processor)   # HFActor, or MegatronActor (which converts ``model`` in place)
+    actor = build_actor(cfg, model, processor)   # HFActor, or MegatronActor (which converts ``model`` in place),
+                                                 # or a RankGroup of RankActors (actor.parallel: one process per rank)
 
 Both backends offer the same surface: ``set_lr``, ``forward_logprobs`` / ``logprobs``, ``rl_step``, ``sft_step``,
 the streaming steps, ``state_dict`` / ``load_weights`` (HF names), ``hf_template`` / ``hf_model``,
@@ -19,7 +20,7 @@ if TYPE_CHECKING:  # the config tree sits above the actors (docs/architecture.md
 __all__ = ["build_actor"]
 
 
-def build_actor(cfg: "RelaxConfig", model: Any, processor: Any) -> HFActor:
+def build_actor(cfg: "RelaxConfig", model: Any, processor: Any, *, group_name: str | None = None) -> HFActor:
     a = cfg.actor
     kwargs: dict[str, Any] = dict(lr=a.lr, betas=a.betas, weight_decay=a.weight_decay, grad_clip=a.grad_clip,
                                   micro_batch_size=a.micro_batch_size, routing_replay=cfg.algorithm.routing_replay)
@@ -29,8 +30,11 @@ def build_actor(cfg: "RelaxConfig", model: Any, processor: Any) -> HFActor:
         import megatron.core  # noqa: F401
     except ImportError as exc:
         raise RuntimeError(f"actor.backend=megatron needs megatron-core (pip install 'relax-gym[megatron]'): {exc}") from None
+    if a.parallel.world > 1 or a.parallel.launcher == "ray":  # one process per rank: a Ray rank group
+        from relax_gym.trainer.actors.megatron.group import RankGroup
+
+        return RankGroup(cfg, model, processor, name=group_name)  # type: ignore[return-value]
     from relax_gym.trainer.actors.megatron.actor import MegatronActor
     from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
 
-    sizes = ParallelSizes(a.tensor_parallel_size, a.pipeline_parallel_size, a.context_parallel_size)
-    return MegatronActor(model, processor, parallel=sizes, seed=cfg.trainer.seed, **kwargs)
+    return MegatronActor(model, processor, parallel=ParallelSizes.of(a.parallel), seed=cfg.trainer.seed, **kwargs)

@@ -136,16 +136,47 @@ class HFActor:
         items = list(items)
         self.optimizer.zero_grad(set_to_none=True)
         weights = self._shares(items, "token_mean")
-        nll = 0.0
+        nll = [0.0]
         for idx in _chunks(list(range(len(items))), self.micro_batch_size):
-            lps, mask = self.forward_logprobs([items[i] for i in idx])
-            out = sft_loss(lps, mask)
-            share = sum(weights[i] for i in idx)
-            (out.loss * share).backward()
-            nll += out.metrics["nll"] * share
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            mine = self._my_part(idx)
+            if not mine:
+                continue
+            share = sum(weights[i] for i in mine)
+
+            def loss_of(lps: torch.Tensor, mask: torch.Tensor, share: float = share) -> torch.Tensor:
+                out = sft_loss(lps, mask)
+                nll[0] += out.metrics["nll"] * share
+                return out.loss * share
+
+            self._forward_backward([items[i] for i in mine], 1.0, loss_of)
+        self._reduce_gradients()
+        grad_norm = self._clip_gradients()
         self.optimizer.step()
-        return {"sft_nll": nll, "grad_norm": float(grad_norm)}
+        return {"sft_nll": self._sum_over_data({"sft_nll": nll[0]})["sft_nll"], "grad_norm": float(grad_norm)}
+
+    # -- what a sharded actor changes (actors/megatron/rank_actor.py); one process does nothing here ----------------
+
+    def _my_part(self, indices: Sequence[int]) -> list[int]:
+        """Which of a micro-batch's items this process forwards (a data-parallel rank: its share)."""
+        return list(indices)
+
+    def _forward_backward(self, chunk: Sequence[Any], temperature: float, loss_of: Any) -> torch.Tensor | None:
+        """Forward ``chunk``, ``loss_of(logprobs, mask)`` -> the scalar to backpropagate, backward; the log-probs
+        (None where this process does not see them: an earlier pipeline stage)."""
+        lps, mask = self.forward_logprobs(chunk, temperature)
+        loss_of(lps, mask).backward()
+        return lps.detach()
+
+    def _reduce_gradients(self) -> None:
+        """Make the accumulated gradients the whole batch's (data-parallel ranks sum theirs)."""
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """Clip the gradients to ``grad_clip`` by their global norm; returns that norm."""
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+
+    def _sum_over_data(self, values: dict[str, float]) -> dict[str, float]:
+        """Per-process sums (metrics weighted by loss share) summed over the data-parallel ranks."""
+        return values
 
     @staticmethod
     def _shares(items: Sequence[Any], aggregation: str) -> list[float]:
@@ -190,29 +221,38 @@ class HFActor:
         live = [i for i in range(len(items)) if algo.kl_coef > 0 or float(advantages[i]) != 0.0]
         out_rows: list[torch.Tensor | None] = [None] * len(items)
         total = self._stream_total
-        weight = sum(raw[i] for i in live) if total is None else sum(raw[i] / total for i in live)
+        shares = [r if total is None else r / total for r in raw]
+        weight = sum(shares[i] for i in live)
         if not live or weight == 0:
             return out_rows
-        chunk = [items[i] for i in live]
-        lps, mask = self.forward_logprobs(chunk, algo.temperature)
-        shape = lps.shape
-        old = lps.detach() if old_logprobs is None else _stack([old_logprobs[i] for i in live], shape)
-        rollout = _stack([torch.tensor(it.rollout_logprobs[1:], dtype=lps.dtype) for it in chunk], shape)
-        ref = _stack([ref_logprobs[i] for i in live], shape) if ref_logprobs is not None else None
+        self._stream_live += weight
+        self._stream_forwarded += len(live)
+        mine = self._my_part(live)  # every item in one process; a data-parallel rank's share of them
+        if not mine:
+            return out_rows
+        my_weight = sum(shares[i] for i in mine)
+        chunk = [items[i] for i in mine]
         kwargs = algo.loss_kwargs()
         if tis_cap is not None:
             kwargs["tis_cap"] = tis_cap
-        out = policy_loss(lps, old, advantages[live], mask, ref_logprobs=ref,
-                          rollout_logprobs=rollout if kwargs.get("tis_cap") else None, **kwargs)
-        (out.loss * weight).backward()
         totals = self._stream_totals
-        for k, v in out.metrics.items():
-            totals[k] = totals.get(k, 0.0) + v * weight
-        totals["mismatch_kl"] = totals.get("mismatch_kl", 0.0) + weight * _mismatch(lps.detach(), rollout, mask)
-        self._stream_live += weight
-        self._stream_forwarded += len(live)
-        for i, row in zip(live, lps.detach()):
-            out_rows[i] = row
+
+        def loss_of(lps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            shape = lps.shape
+            old = lps.detach() if old_logprobs is None else _stack([old_logprobs[i] for i in mine], shape)
+            rollout = _stack([torch.tensor(it.rollout_logprobs[1:], dtype=lps.dtype) for it in chunk], shape)
+            ref = _stack([ref_logprobs[i] for i in mine], shape) if ref_logprobs is not None else None
+            out = policy_loss(lps, old, advantages[mine], mask, ref_logprobs=ref,
+                              rollout_logprobs=rollout if kwargs.get("tis_cap") else None, **kwargs)
+            for k, v in out.metrics.items():
+                totals[k] = totals.get(k, 0.0) + v * my_weight
+            totals["mismatch_kl"] = totals.get("mismatch_kl", 0.0) + my_weight * _mismatch(lps.detach(), rollout, mask)
+            return out.loss * my_weight
+
+        lps = self._forward_backward(chunk, algo.temperature, loss_of)
+        if lps is not None:
+            for i, row in zip(mine, lps):
+                out_rows[i] = row
         return out_rows
 
     def end_stream(self) -> dict[str, float]:
@@ -225,9 +265,10 @@ class HFActor:
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.div_(self._stream_weight)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self._reduce_gradients()
+        grad_norm = self._clip_gradients()
         self.optimizer.step()
-        metrics = {k: v / self._stream_live for k, v in self._stream_totals.items()}
+        metrics = {k: v / self._stream_live for k, v in self._sum_over_data(self._stream_totals).items()}
         metrics["grad_norm"] = float(grad_norm)
         metrics["samples_forwarded"] = float(self._stream_forwarded)
         return {**metrics, **self._routing_metrics()}

@@ -26,7 +26,7 @@ from typing import Any
 TOLERANCE = 1e-4
 ENVS = ("nextqa-video", "echo-ink", "image-zoom")  # video; audio; image
 
-__all__ = ["TOLERANCE", "demonstration_batch", "logprob_gap", "main", "run_check"]
+__all__ = ["TOLERANCE", "demonstration_batch", "logprob_gap", "main", "rl_batch", "run_check"]
 
 
 def demonstration_batch(processor: Any, per_env: int = 2, *, seed: int = 0) -> list[Any]:
@@ -45,6 +45,16 @@ def demonstration_batch(processor: Any, per_env: int = 2, *, seed: int = 0) -> l
         finally:
             env.close()
     return items
+
+
+def rl_batch(processor: Any, per_env: int = 2, *, seed: int = 0) -> list[Any]:
+    """:func:`demonstration_batch` as trajectories an RL step takes (group ids, rollout log-probs of 0: no
+    importance correction unless a cap is set), two episodes per group."""
+    from relax_gym.trainer.rollout.episode import Trajectory
+
+    return [Trajectory(group_id=i // 2, seed=seed + i, input_ids=r.input_ids, loss_mask=r.loss_mask,
+                       rollout_logprobs=[0.0] * len(r.input_ids), mm=r.mm)
+            for i, r in enumerate(demonstration_batch(processor, per_env, seed=seed))]
 
 
 def logprob_gap(hf_actor: Any, megatron_actor: Any, items: list[Any]) -> tuple[float, int]:

@@ -31,9 +31,10 @@ from relax_gym.trainer.actors.megatron import runtime as megatron_runtime
 from relax_gym.trainer.actors.megatron.model import gpt_of, hf_state_dict, load_hf_state_dict, to_megatron
 from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
 
-__all__ = ["CHECKPOINT_DIR", "MegatronActor"]
+__all__ = ["CHECKPOINT_DIR", "OPTIMIZER_DIR", "MegatronActor"]
 
 CHECKPOINT_DIR = "megatron"  # the dist_checkpointing folder inside a checkpoint directory
+OPTIMIZER_DIR = "megatron_optimizer"  # the optimizer's dist_checkpointing folder beside it
 
 
 class MegatronActor(HFActor):
@@ -50,7 +51,8 @@ class MegatronActor(HFActor):
                 self._template = type(model)(model.config)
             self._template.generation_config = model.generation_config
             to_megatron(model, device=self.device, tensor_parallel=parallel.tensor,
-                        pipeline_parallel=parallel.pipeline, context_parallel=parallel.context)
+                        pipeline_parallel=parallel.pipeline, context_parallel=parallel.context,
+                        expert_parallel=parallel.expert)
             super().__init__(model, processor, **kwargs)
         except BaseException:
             self.close()
@@ -115,8 +117,79 @@ class MegatronActor(HFActor):
             for name, tensor in loaded["towers"].items():
                 own[name.removeprefix("towers.")].copy_(tensor)
 
+    # -- the optimizer's state, sharded like the weights it belongs to ------------------------------------------
+
+    def _sharded_optimizer_state(self, fill: bool) -> tuple[dict[str, Any], dict[str, float]]:
+        """AdamW's moments as sharded tensors keyed like their parameters (``optimizer.exp_avg.<key>``), so they
+        load at another parallel layout as the weights do; and each parameter's step count by the same key.
+        ``fill``: give parameters without state yet zero moments to load into."""
+        from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
+
+        by_param = {id(t.data): t for t in _sharded_values(self._sharded_state_dict())}
+        moments: dict[str, Any] = {}
+        steps: dict[str, float] = {}
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                sharded = by_param.get(id(p))
+                if sharded is None:
+                    raise KeyError(f"an optimised parameter of shape {tuple(p.shape)} has no sharded tensor in the checkpoint")
+                state = self.optimizer.state[p]
+                if fill and not state:
+                    state.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
+                                 exp_avg_sq=torch.zeros_like(p))
+                if not state:
+                    continue
+                for name in ("exp_avg", "exp_avg_sq"):
+                    moments[f"{name}.{sharded.key}"] = make_sharded_optimizer_tensor(sharded, state[name], f"optimizer.{name}")
+                steps[sharded.key] = float(state["step"])
+        return moments, steps
+
+    def save_optimizer(self, directory: str | Path) -> None:
+        """The optimizer's state with ``dist_checkpointing`` in ``directory/megatron_optimizer/`` (every rank its
+        own shards; the step counts of every rank gathered into the common part)."""
+        import torch.distributed as dist
+        from megatron.core import dist_checkpointing
+
+        moments, steps = self._sharded_optimizer_state(fill=False)
+        everyone: list[dict[str, float] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, steps)
+        merged = {k: v for part in everyone for k, v in (part or {}).items()}
+        target = Path(directory) / OPTIMIZER_DIR
+        target.mkdir(parents=True, exist_ok=True)
+        dist_checkpointing.save({"moments": moments, "steps": merged}, str(target))
+
+    def load_optimizer(self, directory: str | Path) -> None:
+        """Load what :meth:`save_optimizer` wrote, at this actor's parallel layout (which may differ)."""
+        from megatron.core import dist_checkpointing
+
+        source = Path(directory) / OPTIMIZER_DIR
+        if not (source / "metadata.json").is_file():
+            raise FileNotFoundError(f"{source} holds no megatron optimizer checkpoint (no metadata.json)")
+        moments, _ = self._sharded_optimizer_state(fill=True)
+        loaded = dist_checkpointing.load({"moments": moments, "steps": {}}, str(source))
+        steps = loaded["steps"]
+        by_param = {id(t.data): t for t in _sharded_values(self._sharded_state_dict())}
+        with torch.no_grad():
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    key = by_param[id(p)].key
+                    state = self.optimizer.state[p]
+                    if key not in steps:  # never stepped when saved: no state, as a fresh optimizer
+                        self.optimizer.state.pop(p, None)
+                        continue
+                    state["exp_avg"].copy_(loaded["moments"][f"exp_avg.{key}"])
+                    state["exp_avg_sq"].copy_(loaded["moments"][f"exp_avg_sq.{key}"])
+                    state["step"].fill_(steps[key])
+
     def close(self) -> None:
         """Tear down megatron-core's parallel state if this was its last user (idempotent)."""
         if not self._closed:
             self._closed = True
             megatron_runtime.release()
+
+
+def _sharded_values(sharded: dict[str, Any]) -> list[Any]:
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    return [t for t in nested_values(sharded) if isinstance(t, (ShardedTensor, ShardedTensorFactory))]

@@ -26,6 +26,7 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from relax_gym.trainer.actors.megatron.convert import DecoderShape, hf_to_megatron, megatron_to_hf
+from relax_gym.trainer.actors.megatron.shard import full_decoder_state, local_decoder_state, padded_vocab
 
 __all__ = ["MegatronLanguageModel", "MegatronLMHead", "build_gpt", "gpt_of", "hf_state_dict", "is_megatron",
            "load_hf_state_dict", "to_megatron", "transformer_config"]
@@ -41,7 +42,7 @@ def _qk_norm(text_config: Any) -> bool:
 
 
 def transformer_config(text_config: Any, *, dtype: torch.dtype = torch.float32, tensor_parallel: int = 1,
-                       pipeline_parallel: int = 1, context_parallel: int = 1) -> Any:
+                       pipeline_parallel: int = 1, context_parallel: int = 1, expert_parallel: int = 1) -> Any:
     """megatron-core's ``TransformerConfig`` for a Qwen2-style text config (qkv bias, RMSNorm, SwiGLU, mrope):
     local attention and every fusion off, so it runs on a CPU as on a GPU; dropout off (as the HF policy)."""
     from megatron.core.transformer.enums import AttnBackend
@@ -75,6 +76,13 @@ def transformer_config(text_config: Any, *, dtype: torch.dtype = torch.float32, 
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
         context_parallel_size=context_parallel,
+        expert_model_parallel_size=expert_parallel,
+        # pipeline stages pass activations of each micro-batch's own length (the shape travels first), one send or
+        # receive at a time (gloo has no batched p2p)
+        pipeline_dtype=dtype,
+        variable_seq_lengths=pipeline_parallel > 1,
+        batch_p2p_comm=False,
+        moe_token_dispatcher_type="alltoall",  # the dispatcher that accepts variable sequence lengths
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
@@ -95,17 +103,40 @@ def build_gpt(text_config: Any, **kwargs: Any) -> Any:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from megatron.core import parallel_state as ps
+
     config = transformer_config(text_config, **kwargs)
     rope = getattr(text_config, "rope_parameters", None) or {}
-    return GPTModel(
+    gpt = GPTModel(
         config,
         get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_layernorm),
-        vocab_size=int(text_config.vocab_size),
+        vocab_size=padded_vocab(int(text_config.vocab_size), config.tensor_model_parallel_size),
+        pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+        parallel_output=False,  # the head gathers the vocabulary slices: each tensor rank gets whole logits
         max_sequence_length=int(text_config.max_position_embeddings),
         position_embedding_type="mrope" if config.mrope_section else "rope",
         rotary_base=int(rope.get("rope_theta", getattr(text_config, "rope_theta", 10_000))),
         share_embeddings_and_output_weights=bool(getattr(text_config, "tie_word_embeddings", False)),
     )
+    _mark_tensor_parallel(gpt)
+    return gpt
+
+
+def _mark_tensor_parallel(gpt: nn.Module) -> None:
+    """Mark the tensors megatron-core's parallel layers split (``tensor_model_parallel``, ``partition_dim``): it
+    marks them only while initialising weights itself, and here the weights come from the HF model."""
+    from megatron.core.tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+                                                      set_tensor_model_parallel_attributes)
+
+    split = ((VocabParallelEmbedding, {"weight": 0}), (ColumnParallelLinear, {"weight": 0, "bias": 0}),
+             (RowParallelLinear, {"weight": 1}))
+    for module in gpt.modules():
+        for cls, dims in split:
+            if isinstance(module, cls):
+                for name, dim in dims.items():
+                    param = getattr(module, name, None)
+                    if isinstance(param, nn.Parameter) and not getattr(param, "tensor_model_parallel", False):
+                        set_tensor_model_parallel_attributes(param, True, dim, 1)
 
 
 def _blocked(attention_mask: torch.Tensor | None, batch: int, length: int, device: torch.device) -> torch.Tensor:
@@ -142,9 +173,17 @@ class MegatronLanguageModel(nn.Module):
                              "on the inference engine's HF model)")
         if inputs_embeds is None:
             inputs_embeds = self.get_input_embeddings()(input_ids)
-        batch, length, _ = inputs_embeds.shape
+        hidden = self.decode(inputs_embeds.transpose(0, 1).contiguous(), attention_mask, position_ids,
+                             batch=inputs_embeds.shape[0], length=inputs_embeds.shape[1])
+        return BaseModelOutputWithPast(last_hidden_state=hidden.transpose(0, 1))
+
+    def decode(self, hidden: torch.Tensor | None, attention_mask: torch.Tensor | None,
+               position_ids: torch.Tensor | None, *, batch: int, length: int) -> torch.Tensor:
+        """This pipeline stage's layers on ``hidden`` (T, B, H) -- ``None`` on a later stage, whose input the
+        pipeline schedule has set (``gpt.set_input_tensor``) -- with the final norm on the last stage; (T, B, H)."""
+        device = self.gpt.decoder.layers[0].input_layernorm.weight.device
         if position_ids is None:
-            position_ids = torch.arange(length, device=inputs_embeds.device).expand(3, batch, length)
+            position_ids = torch.arange(length, device=device).expand(3, batch, length)
         elif position_ids.ndim == 2:
             position_ids = position_ids[None].expand(3, -1, -1)
         elif position_ids.shape[0] == 4:  # (text, t, h, w) of a packed batch: the text row is for masks only
@@ -154,25 +193,25 @@ class MegatronLanguageModel(nn.Module):
             rotary = gpt.rotary_pos_emb(position_ids, gpt.mrope_section)
         else:
             rotary = gpt.rotary_pos_emb(length)
-        hidden = gpt.decoder(hidden_states=inputs_embeds.transpose(0, 1).contiguous(),
-                             attention_mask=_blocked(attention_mask, batch, length, inputs_embeds.device),
-                             rotary_pos_emb=rotary)
-        return BaseModelOutputWithPast(last_hidden_state=hidden.transpose(0, 1))
+        return gpt.decoder(hidden_states=hidden, attention_mask=_blocked(attention_mask, batch, length, device),
+                           rotary_pos_emb=rotary)
 
 
 class MegatronLMHead(nn.Module):
     """Stands in for the thinker's ``lm_head``: ``GPTModel.output_layer`` (with the embedding table as its weight
     when tied). Holds the GPTModel without registering it again, so its weights appear once in state dicts."""
 
-    def __init__(self, gpt: nn.Module) -> None:
+    def __init__(self, gpt: nn.Module, vocab: int) -> None:
         super().__init__()
         self._gpt = (gpt,)  # a tuple: not a registered submodule
+        self.vocab = vocab
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         gpt = self._gpt[0]
         weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
         flat = hidden.reshape(-1, 1, hidden.shape[-1])  # (tokens, 1, hidden): the [s, b, h] layout it expects
         logits, _ = gpt.output_layer(flat, weight=weight)
+        logits = logits[..., : self.vocab]  # the padding rows of the vocabulary are no tokens (see shard.py)
         return logits.reshape(*hidden.shape[:-1], logits.shape[-1])
 
 
@@ -199,10 +238,15 @@ def to_megatron(thinker: nn.Module, *, device: torch.device | str = "cpu", **kwa
     dtype = next(thinker.parameters()).dtype
     hf_state = thinker.state_dict()
     gpt = build_gpt(text_config, dtype=dtype, **kwargs)
-    _load_decoder(gpt, hf_to_megatron(hf_state, shape, prefix=DECODER_PREFIX, lm_head=HEAD))
+    _load_decoder(gpt, local_decoder_state(hf_to_megatron(hf_state, shape, prefix=DECODER_PREFIX, lm_head=HEAD), gpt))
     thinker._hf_keys = tuple(hf_state)  # the HF state dict's names, in order
+    thinker._tower_keys = frozenset(k for k in hf_state if not k.startswith((DECODER_PREFIX, "lm_head.")))
     thinker.model.language_model = MegatronLanguageModel(gpt, text_config)
-    thinker.lm_head = MegatronLMHead(gpt)
+    thinker.lm_head = MegatronLMHead(gpt, int(text_config.vocab_size))
+    if not gpt.pre_process:  # a later pipeline stage: the towers and their merge live on the first one
+        for name, _ in list(thinker.model.named_children()):
+            if name != "language_model":
+                setattr(thinker.model, name, None)
     return thinker.to(device)
 
 
@@ -218,16 +262,21 @@ def _load_decoder(gpt: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
 
 
 def _towers(thinker: nn.Module) -> dict[str, torch.Tensor]:
-    """The thinker's non-decoder tensors (vision and audio towers), in HF names."""
+    """The thinker's non-decoder tensors (vision and audio towers) this rank holds, in HF names (none on a later
+    pipeline stage)."""
     return {k: v for k, v in thinker.state_dict().items() if not k.startswith((DECODER_PREFIX, "lm_head."))}
 
 
 def hf_state_dict(thinker: nn.Module) -> dict[str, torch.Tensor]:
-    """The Megatron thinker's weights under the HF thinker's names, in its order (detached, shared storage)."""
+    """The Megatron thinker's weights under the HF thinker's names, in its order (detached; shared storage where
+    this rank holds a tensor whole). With tensor or pipeline parallel ranks this gathers them: a collective that
+    every rank of the group calls, each one getting the whole."""
     gpt = gpt_of(thinker)
-    decoder = megatron_to_hf(gpt.state_dict(), DecoderShape.of(thinker.config.get_text_config()),
-                             prefix=DECODER_PREFIX, lm_head=HEAD)
-    merged = {**_towers(thinker), **decoder}
+    text_config = thinker.config.get_text_config()
+    whole = full_decoder_state(gpt, int(text_config.vocab_size), extra=_towers(thinker))
+    towers = {k: whole.pop(k) for k in thinker._tower_keys}
+    decoder = megatron_to_hf(whole, DecoderShape.of(text_config), prefix=DECODER_PREFIX, lm_head=HEAD)
+    merged = {**towers, **decoder}
     return {k: merged[k].detach() for k in thinker._hf_keys}
 
 
@@ -237,8 +286,8 @@ def load_hf_state_dict(thinker: nn.Module, state: Mapping[str, torch.Tensor]) ->
     if missing:
         raise KeyError(f"HF state dict lacks {len(missing)} thinker tensor(s): {missing[:4]}")
     gpt = gpt_of(thinker)
-    _load_decoder(gpt, hf_to_megatron(state, DecoderShape.of(thinker.config.get_text_config()),
-                                      prefix=DECODER_PREFIX, lm_head=HEAD))
+    whole = hf_to_megatron(state, DecoderShape.of(thinker.config.get_text_config()), prefix=DECODER_PREFIX, lm_head=HEAD)
+    _load_decoder(gpt, local_decoder_state(whole, gpt))
     own = thinker.state_dict()
     with torch.no_grad():
         for name in _towers(thinker):

@@ -5,10 +5,14 @@ per process and shared by every Megatron model made in it. :func:`acquire` sets 
 its users), :func:`release` tears it down when the last user is done -- only what it set up itself: a process
 group that a launcher (``torchrun``) made is left alone.
 
-The trainer runs its actor in one process, so the group it makes has world size 1: gloo over loopback on a CPU
-(an in-process store, nothing listens on a port; gloo's device bound to the loopback interface), nccl on a GPU.
-Tensor / pipeline / context parallel sizes above 1 need as many processes as their product, started by a
-launcher; asking for them in a single process is one clear error.
+Two ways in:
+
+- :func:`acquire` (an actor in the trainer's own process): the group it makes has world size 1 -- gloo over
+  loopback on a CPU (an in-process store, nothing listens on a port; gloo's device bound to the loopback
+  interface), nccl on a GPU. Parallel sizes above 1 need as many processes; asking for them here is one clear error.
+- :func:`join_group` (one rank of a rank group, :mod:`~relax_gym.trainer.actors.megatron.group`): this process is
+  rank ``r`` of ``world``; the ranks meet at a TCP store on the group's first rank (``master_addr``: loopback
+  when every rank is on this machine) and megatron-core's tensor / pipeline / data / expert groups are made.
 """
 
 from __future__ import annotations
@@ -37,10 +41,22 @@ class ParallelSizes:
     tensor: int = 1
     pipeline: int = 1
     context: int = 1
+    data: int = 1
+    expert: int = 1
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tensor * self.pipeline * self.context
 
     @property
     def world(self) -> int:
-        return self.tensor * self.pipeline * self.context
+        return self.model_parallel * self.data
+
+    @classmethod
+    def of(cls, parallel: object) -> ParallelSizes:
+        """From the config's ``actor.parallel`` section (``tp``, ``pp``, ``cp``, ``dp``, ``ep``)."""
+        return cls(tensor=parallel.tp, pipeline=parallel.pp, context=parallel.cp, data=parallel.dp,  # type: ignore[attr-defined]
+                   expert=parallel.ep)  # type: ignore[attr-defined]
 
 
 def _loopback_interface() -> str | None:
@@ -85,26 +101,25 @@ def _acquire_locked(sizes: ParallelSizes, seed: int) -> torch.device:
     if not dist.is_initialized():
         if sizes.world != 1:
             raise ValueError(
-                f"tensor x pipeline x context parallel = {sizes.tensor} x {sizes.pipeline} x {sizes.context} needs "
-                f"{sizes.world} processes started by a launcher (torchrun); this trainer runs its actor in one process")
+                f"tensor x pipeline x data parallel = {sizes.tensor} x {sizes.pipeline} x {sizes.data} needs "
+                f"{sizes.world} processes: a rank group (actor.parallel; relax_gym.trainer.actors.megatron.group) "
+                "or a launcher's process group, not this single process")
         if cuda:
             torch.cuda.set_device(0)
         with _gloo_on_loopback():
             dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
         _OWN_GROUP = True
-    elif dist.get_world_size() % sizes.world:
+    elif dist.get_world_size() % sizes.model_parallel:
         raise ValueError(f"world size {dist.get_world_size()} is not a multiple of tensor x pipeline x context "
-                         f"parallel = {sizes.world}")
+                         f"parallel = {sizes.model_parallel}")
     if not parallel_state.model_parallel_is_initialized():
         with _gloo_on_loopback():
             parallel_state.initialize_model_parallel(
                 tensor_model_parallel_size=sizes.tensor, pipeline_model_parallel_size=sizes.pipeline,
-                context_parallel_size=sizes.context)
+                context_parallel_size=sizes.context, expert_model_parallel_size=sizes.expert)
         _OWN_MODEL_PARALLEL = True
     else:
-        have = ParallelSizes(parallel_state.get_tensor_model_parallel_world_size(),
-                             parallel_state.get_pipeline_model_parallel_world_size(),
-                             parallel_state.get_context_parallel_world_size())
+        have = current_sizes()
         if have != sizes:
             raise ValueError(f"megatron-core is already set up in this process with {have}, not {sizes}")
     if cuda:
@@ -115,6 +130,46 @@ def _acquire_locked(sizes: ParallelSizes, seed: int) -> torch.device:
         init_rng_tracker()
     _USERS += 1
     return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+
+
+def current_sizes() -> ParallelSizes:
+    """The layout megatron-core's parallel state holds now (set up by :func:`acquire` or :func:`join_group`)."""
+    from megatron.core import parallel_state as ps
+
+    return ParallelSizes(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                         ps.get_context_parallel_world_size(), ps.get_data_parallel_world_size(),
+                         ps.get_expert_model_parallel_world_size())
+
+
+def join_group(sizes: ParallelSizes, *, rank: int, master_addr: str, master_port: int, seed: int = 0,
+               timeout_s: float = 300.0) -> torch.device:
+    """Make this process rank ``rank`` of a group of ``sizes.world`` ranks meeting at ``master_addr:master_port``
+    (rank 0 hosts the store) and set up megatron-core's parallel groups; returns the device models go on (this
+    rank's GPU under ``CUDA_VISIBLE_DEVICES`` as Ray assigns it, else the CPU). Counts as one :func:`acquire`
+    user, so :func:`release` tears it down."""
+    import datetime
+
+    import torch.distributed as dist
+
+    global _USERS, _OWN_GROUP
+    with _LOCK:
+        if dist.is_initialized():
+            raise RuntimeError("this process is already in a torch.distributed group; a rank joins exactly one")
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(0)  # Ray gives each rank its own GPU as device 0
+        else:
+            apply_cpu_patch()
+        with _gloo_on_loopback() if master_addr in ("127.0.0.1", "localhost", "::1") else contextlib.nullcontext():
+            dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{master_addr}:{master_port}",
+                                    rank=rank, world_size=sizes.world, timeout=datetime.timedelta(seconds=timeout_s))
+        _OWN_GROUP = True
+        try:
+            return _acquire_locked(sizes, seed)
+        except BaseException:
+            if _USERS == 0:
+                _teardown_locked()
+            raise
 
 
 def release() -> None:
