@@ -63,7 +63,7 @@ from relax_gym.trainer.run.step_row import (RewardComponents, episodes_masked, e
                                             summary_start)
 from relax_gym.trainer.run.warmup import report_warmup_row
 from relax_gym.trainer.policy.moe import routing_dims
-from relax_gym.trainer.async_engine.recovery import GlobalRestart, RecoveryError, is_replica_failure, kill_replica
+from relax_gym.trainer.async_engine.recovery import GlobalRestart, RecoveryError, is_replica_failure, kill_rank, kill_replica
 from relax_gym.trainer.rollout.samples import masked_row, masked_summary, sample_id
 from relax_gym.trainer.async_engine.staleness import StalenessGate
 from relax_gym.trainer.dcs.service import start_coordinator
@@ -422,7 +422,10 @@ class AsyncTrainer:
                     await asyncio.sleep(spec.delay_s)
                 self.faults.record(fault, topology=self.prefix)  # first: a replayed step must not fire it again
                 rng = random.Random(f"{self.cfg.faults.seed}:{k + 1}:{spec.role}")
-                name = await asyncio.to_thread(kill_replica, f"{self.prefix}-{spec.role}", spec.role, rng)
+                if spec.rank is not None:  # one rank of the actor's group (deploy names it <prefix>-actor)
+                    name = await asyncio.to_thread(kill_rank, f"{self.prefix}-actor", spec.rank)
+                else:
+                    name = await asyncio.to_thread(kill_replica, f"{self.prefix}-{spec.role}", spec.role, rng)
                 log.warning("fault injection: killed %s at step %d", name, k + 1)
             else:
                 role = "inference" if spec.kind == "engine_error" else "env_worker"

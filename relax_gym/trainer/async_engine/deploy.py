@@ -72,6 +72,7 @@ def plan_roles(cfg: RelaxConfig, bus: Any, coordinator: Any, app_prefix: str, *,
             spec.kwargs["actor_app"] = f"{app_prefix}-actor"
         if spec.name == "actor":
             spec.kwargs["resume_from"] = resume_from
+            spec.kwargs["group_name"] = f"{app_prefix}-actor"  # its rank group's Ray actors (actor.parallel)
     return specs
 
 
@@ -97,6 +98,9 @@ def ensure_ray(cfg: RelaxConfig) -> bool:
         return True
     r = cfg.roles
     reserved = sum(s.num_cpus * s.replicas for s in (r.env_worker, r.inference, r.reference, r.advantages, r.actor))
+    p = cfg.actor.parallel
+    if cfg.actor.backend == "megatron" and (p.world > 1 or p.launcher == "ray"):
+        reserved += p.world * p.num_cpus_per_rank  # the actor's rank group
     ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(reserved) + 4), include_dashboard=False,
              log_to_driver=False, configure_logging=False, namespace="relax-gym")
     return True

@@ -10,7 +10,8 @@
   replaced (Ray reports the dead replica as a ``RayActorError``; the call sent next waits in Serve's router until
   the new replica is up). A failing actor call is not retried: it raises :class:`GlobalRestart`, as does a
   role that stays unreachable for ``roles.replica_wait_s``.
-- :func:`kill_replica`: ends one Serve replica of a deployment with ``ray.kill`` (fault injection).
+- :func:`kill_replica`: ends one Serve replica of a deployment with ``ray.kill`` (fault injection);
+  :func:`kill_rank`: ends one rank of the actor's megatron rank group.
 - :func:`sample_step`: the step a sample id belongs to (the controller's ledger keeps the ids of steps up to the
   checkpoint when it rolls back).
 """
@@ -26,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 __all__ = ["GlobalRestart", "RecoveryError", "ReplacedActorError", "ReplicaRegistry", "Supervisor", "is_replica_failure",
-           "kill_replica", "sample_step"]
+           "kill_rank", "kill_replica", "sample_step"]
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,19 @@ class Supervisor:
 
     async def restarts(self) -> dict[str, int]:
         return await self.registry.restarts.remote()
+
+
+def kill_rank(group_name: str, rank: int) -> str:
+    """End rank ``rank`` of the actor's megatron rank group ``group_name`` (``ray.kill``, no restart): the group
+    fails as a whole and the run restarts from its last checkpoint. Returns the rank's actor name."""
+    import ray
+
+    name = f"{group_name}-rank{rank}"  # as relax_gym.trainer.actors.megatron.group.rank_actor_name names it
+    found = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == name]
+    if not found:  # the group lives in the namespace of the replica that made it
+        raise RecoveryError(f"no actor rank named {name!r} to kill (is actor.parallel larger than rank {rank}?)")
+    ray.kill(ray.get_actor(name, namespace=found[0]["namespace"]), no_restart=True)
+    return name
 
 
 def kill_replica(app: str, deployment: str, rng: random.Random | None = None) -> str:

@@ -65,6 +65,13 @@ class KillFault(_Fault):
     kind: Literal["kill"]
     role: Literal["env_worker", "inference", "reference", "advantages", "actor"]
     delay_s: float = Field(default=0.0, ge=0)  # after the step's rollout starts
+    rank: int | None = Field(default=None, ge=0)  # role actor with a megatron rank group: kill this rank only
+
+    @model_validator(mode="after")
+    def _rank_of_the_actor(self) -> KillFault:
+        if self.rank is not None and self.role != "actor":
+            raise ValueError(f"a kill fault's rank names a rank of the actor's group, not of role {self.role!r}")
+        return self
 
 
 class EngineErrorFault(_Fault):

@@ -30,6 +30,7 @@ from relax_gym.trainer.actors.hf import HFActor
 from relax_gym.trainer.actors.megatron import runtime as megatron_runtime
 from relax_gym.trainer.actors.megatron.model import gpt_of, hf_state_dict, load_hf_state_dict, to_megatron
 from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
+from relax_gym.trainer.actors.megatron.shard import global_parameter_names
 
 __all__ = ["CHECKPOINT_DIR", "OPTIMIZER_DIR", "MegatronActor"]
 
@@ -119,29 +120,38 @@ class MegatronActor(HFActor):
 
     # -- the optimizer's state, sharded like the weights it belongs to ------------------------------------------
 
-    def _sharded_optimizer_state(self, fill: bool) -> tuple[dict[str, Any], dict[str, float]]:
-        """AdamW's moments as sharded tensors keyed like their parameters (``optimizer.exp_avg.<key>``), so they
-        load at another parallel layout as the weights do; and each parameter's step count by the same key.
-        ``fill``: give parameters without state yet zero moments to load into."""
-        from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
-
-        by_param = {id(t.data): t for t in _sharded_values(self._sharded_state_dict())}
-        moments: dict[str, Any] = {}
-        steps: dict[str, float] = {}
+    def _optimised(self) -> list[tuple[str, torch.nn.Parameter, Any]]:
+        """(name at any layout, parameter, its sharded tensor) for every parameter the optimizer steps."""
+        gpt = gpt_of(self.model)
+        names = global_parameter_names(gpt)
+        names.update({id(p): f"towers.{n}" for n, p in self.model.named_parameters()
+                      if id(p) not in names and not n.startswith(("model.language_model.", "lm_head."))})
+        sharded = {id(t.data): t for t in _sharded_values(self._sharded_state_dict())}
+        out = []
         for group in self.optimizer.param_groups:
             for p in group["params"]:
-                sharded = by_param.get(id(p))
-                if sharded is None:
+                if id(p) not in sharded or id(p) not in names:
                     raise KeyError(f"an optimised parameter of shape {tuple(p.shape)} has no sharded tensor in the checkpoint")
-                state = self.optimizer.state[p]
-                if fill and not state:
-                    state.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
-                                 exp_avg_sq=torch.zeros_like(p))
-                if not state:
-                    continue
-                for name in ("exp_avg", "exp_avg_sq"):
-                    moments[f"{name}.{sharded.key}"] = make_sharded_optimizer_tensor(sharded, state[name], f"optimizer.{name}")
-                steps[sharded.key] = float(state["step"])
+                out.append((names[id(p)], p, sharded[id(p)]))
+        return out
+
+    def _sharded_optimizer_state(self) -> tuple[dict[str, Any], dict[str, float]]:
+        """AdamW's moments as sharded tensors keyed like their parameters (``optimizer.exp_avg.<key>``), so they
+        load at another parallel layout as the weights do; and each parameter's step count by its layout-free name.
+        A parameter without state yet gets zero moments and step 0 -- what AdamW starts from, so it steps exactly
+        as a fresh one -- and every shard of every parameter is in the checkpoint."""
+        from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
+
+        moments: dict[str, Any] = {}
+        steps: dict[str, float] = {}
+        for name, p, sharded in self._optimised():
+            state = self.optimizer.state[p]
+            if not state:
+                state.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
+                             exp_avg_sq=torch.zeros_like(p))
+            for moment in ("exp_avg", "exp_avg_sq"):
+                moments[f"{moment}.{name}"] = make_sharded_optimizer_tensor(sharded, state[moment], f"optimizer.{moment}")
+            steps[name] = float(state["step"])
         return moments, steps
 
     def save_optimizer(self, directory: str | Path) -> None:
@@ -150,7 +160,7 @@ class MegatronActor(HFActor):
         import torch.distributed as dist
         from megatron.core import dist_checkpointing
 
-        moments, steps = self._sharded_optimizer_state(fill=False)
+        moments, steps = self._sharded_optimizer_state()
         everyone: list[dict[str, float] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, steps)
         merged = {k: v for part in everyone for k, v in (part or {}).items()}
@@ -165,21 +175,17 @@ class MegatronActor(HFActor):
         source = Path(directory) / OPTIMIZER_DIR
         if not (source / "metadata.json").is_file():
             raise FileNotFoundError(f"{source} holds no megatron optimizer checkpoint (no metadata.json)")
-        moments, _ = self._sharded_optimizer_state(fill=True)
+        moments, _ = self._sharded_optimizer_state()
         loaded = dist_checkpointing.load({"moments": moments, "steps": {}}, str(source))
         steps = loaded["steps"]
-        by_param = {id(t.data): t for t in _sharded_values(self._sharded_state_dict())}
         with torch.no_grad():
-            for group in self.optimizer.param_groups:
-                for p in group["params"]:
-                    key = by_param[id(p)].key
-                    state = self.optimizer.state[p]
-                    if key not in steps:  # never stepped when saved: no state, as a fresh optimizer
-                        self.optimizer.state.pop(p, None)
-                        continue
-                    state["exp_avg"].copy_(loaded["moments"][f"exp_avg.{key}"])
-                    state["exp_avg_sq"].copy_(loaded["moments"][f"exp_avg_sq.{key}"])
-                    state["step"].fill_(steps[key])
+            for name, p, _ in self._optimised():
+                if name not in steps:
+                    raise KeyError(f"the optimizer checkpoint in {source} has no step count for {name!r}")
+                state = self.optimizer.state[p]
+                state["exp_avg"].copy_(loaded["moments"][f"exp_avg.{name}"])
+                state["exp_avg_sq"].copy_(loaded["moments"][f"exp_avg_sq.{name}"])
+                state["step"].fill_(steps[name])
 
     def close(self) -> None:
         """Tear down megatron-core's parallel state if this was its last user (idempotent)."""

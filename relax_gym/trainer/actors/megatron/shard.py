@@ -32,7 +32,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-__all__ = ["VOCAB_MULTIPLE", "full_decoder_state", "local_decoder_state", "padded_vocab", "tied_output_weight"]
+__all__ = ["VOCAB_MULTIPLE", "full_decoder_state", "global_parameter_names", "local_decoder_state", "padded_vocab",
+           "tied_output_weight"]
 
 VOCAB_MULTIPLE = 128  # Megatron-LM's make_vocab_size_divisible_by
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
@@ -70,6 +71,18 @@ def tied_output_weight(gpt: nn.Module) -> bool:
     """Whether this rank's ``output_layer.weight`` is a copy of the first stage's embedding table (tied embeddings,
     pipeline parallel, last stage): its gradient is summed with the embedding's, and it is not a weight of its own."""
     return bool(gpt.share_embeddings_and_output_weights and gpt.post_process and not gpt.pre_process)
+
+
+def global_parameter_names(gpt: nn.Module) -> dict[int, str]:
+    """``id(parameter)`` -> its name in the whole decoder (global layer number; the tied copy of the table on the
+    last stage named as the table): the same name for the same weight at any parallel layout."""
+    numbers = _layer_numbers(gpt)
+    names = {}
+    for name, param in gpt.named_parameters():
+        if name == "output_layer.weight" and tied_output_weight(gpt):
+            name = "embedding.word_embeddings.weight"
+        names[id(param)] = _renumber(name, numbers)
+    return names
 
 
 def local_decoder_state(full: Mapping[str, torch.Tensor], gpt: nn.Module) -> dict[str, torch.Tensor]:

@@ -17,10 +17,12 @@ staleness of each, and how long the actor waited for data.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter
 from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -46,6 +48,21 @@ __all__ = ["ActorRole"]
 log = logging.getLogger(__name__)
 
 
+def _restart_on_group_failure(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """A call that fails because a rank of the actor's group failed ends in a level-2 restart (see
+    :meth:`ActorRole._refuse_if_group_failed`); any other error passes unchanged."""
+
+    @functools.wraps(method)
+    async def guarded(self: ActorRole, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(self, *args, **kwargs)
+        except Exception as exc:
+            self._refuse_if_group_failed(exc)
+            raise
+
+    return guarded
+
+
 class ActorRole:
     """``cfg``: the run's config (a dict); ``bus``: a BusLink or a bus object; ``weights``: where new weights
     go — the run's DCS coordinator (its Ray actor handle, or a coordinator object), or any object with
@@ -54,11 +71,13 @@ class ActorRole:
     TASK = "actor"
 
     def __init__(self, cfg: dict[str, Any], bus: Any, coordinator: Any = None, *, pusher: Any = None,
-                 torch_threads: int | None = None, registry: Any = None, resume_from: str | None = None) -> None:
+                 torch_threads: int | None = None, registry: Any = None, resume_from: str | None = None,
+                 group_name: str | None = None) -> None:
         """``coordinator``: the run's DCS coordinator actor, through which the weights are pushed (a
         :class:`~relax_gym.trainer.dcs.push.DCSPush`); ``pusher``: an awaitable ``push(state, version)`` to use
         instead (tests); ``registry``: the run's replica registry (restart counts); ``resume_from``: a checkpoint
-        folder to continue from (model, optimizer, version; random states and clock are restored by :meth:`warmup`)."""
+        folder to continue from (model, optimizer, version; random states and clock are restored by :meth:`warmup`);
+        ``group_name``: the name of the Ray actors of a megatron rank group (``actor.parallel``), ``<name>-rank<r>``."""
         if (coordinator is None) == (pusher is None):
             raise ValueError("ActorRole pushes weights through a DCS coordinator or a given pusher: pass exactly one")
         setup_replica(torch_threads)
@@ -67,7 +86,8 @@ class ActorRole:
         seed_everything(seed)
         self.model, self.processor = build_policy(self.cfg.model)
         self.model.train()
-        self.actor = build_actor(self.cfg, self.model, self.processor)  # actor.backend: hf or megatron
+        # actor.backend: hf or megatron (a rank group when actor.parallel asks for more than this process)
+        self.actor = build_actor(self.cfg, self.model, self.processor, group_name=group_name)
         self.rng = np.random.default_rng(seed)
         self.version = 0
         self._bus_source = bus
@@ -98,6 +118,7 @@ class ActorRole:
 
     # -- before the RL loop ------------------------------------------------------------------------------------
 
+    @_restart_on_group_failure
     async def warmup(self) -> dict[str, Any]:
         """The SFT warm-up on format demonstrations (as the colocate trainer runs it), then the first weight push.
         Answers the per-step SFT metrics and the policy version the engines now serve."""
@@ -122,6 +143,7 @@ class ActorRole:
         finally:
             env.close()
 
+    @_restart_on_group_failure
     async def save_reference(self, directory: str) -> str:
         """Save the current (warmed-up) policy as the frozen reference for the KL term."""
         self._refuse_if_replacement()
@@ -164,10 +186,27 @@ class ActorRole:
             return version
 
     def check_health(self) -> None:
-        """Serve's health check: a failed weight push leaves engines paused or behind; the replica is then replaced
-        (and the controller restarts the run from its last checkpoint)."""
+        """Serve's health check: a failed weight push leaves engines paused or behind, a dead rank leaves a rank
+        group without its shard; the replica is then replaced (and the controller restarts the run from its last
+        checkpoint)."""
         if self._fatal is not None:
             raise RuntimeError(f"actor replica: {self._fatal}")
+        group_health = getattr(self.actor, "check_health", None)
+        if group_health is not None:
+            try:
+                group_health()
+            except Exception as exc:
+                self._fatal = f"its rank group failed: {exc}"
+                raise RuntimeError(f"actor replica: {self._fatal}") from exc
+
+    def _refuse_if_group_failed(self, exc: BaseException) -> None:
+        """A rank of the actor's group died or failed: its training state is gone, so the run restarts from its
+        last checkpoint (the controller's level-2 restart), as when the whole replica dies."""
+        from relax_gym.trainer.actors.megatron.group import RankGroupError
+
+        if isinstance(exc, RankGroupError):
+            self._fatal = f"its rank group failed: {exc}"
+            raise ReplacedActorError(f"the actor's rank group failed: {exc}") from exc
 
     def __del__(self) -> None:
         try:  # Serve drops the replica: release the backend (megatron's process group)
@@ -183,6 +222,7 @@ class ActorRole:
             return algo.tis_cap
         return self.cfg.trainer.off_policy_tis_cap if max_staleness >= 1 else None
 
+    @_restart_on_group_failure
     async def train_step(self, partition: int, n_rows: int, group_size: int, *, max_staleness: int = 0,
                          with_reference: bool = False, lr_decay_from: float | None = 0.0) -> dict[str, Any]:
         """Train on the ``n_rows`` rows of ``partition`` as they become ready; one optimiser step; push weights.
@@ -267,6 +307,7 @@ class ActorRole:
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
+    @_restart_on_group_failure
     async def checkpoint(self, step: int, run_dir: str, extra: dict[str, Any] | None = None) -> str:
         """The colocate trainer's layout (:mod:`~relax_gym.trainer.run.checkpoint`): ``checkpoints/step_NNNNNN/`` with
         the model, the optimizer and the trainer state; ``extra``: what the controller adds (its ledger, the bus
