@@ -20,6 +20,8 @@ anything above 1 is refused with one clear error (:mod:`~relax_gym.trainer.actor
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ import torch
 from torch import nn
 
 from relax_gym.trainer.actors.hf import HFActor
+from relax_gym.trainer.actors.megatron import replay as megatron_replay
 from relax_gym.trainer.actors.megatron import runtime as megatron_runtime
 from relax_gym.trainer.actors.megatron.model import gpt_of, hf_state_dict, load_hf_state_dict, to_megatron
 from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
@@ -34,14 +37,16 @@ from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
 __all__ = ["CHECKPOINT_DIR", "MegatronActor"]
 
 CHECKPOINT_DIR = "megatron"  # the dist_checkpointing folder inside a checkpoint directory
+THINKERS = ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker")  # model.family qwen2_5_omni, qwen3_omni_moe (MoE)
 
 
 class MegatronActor(HFActor):
     def __init__(self, model: nn.Module, processor: Any, *, parallel: ParallelSizes = ParallelSizes(), seed: int = 0,
                  **kwargs: Any) -> None:
-        if getattr(model, "config", None) is None or getattr(model.config, "model_type", "") != "qwen2_5_omni_thinker":
-            raise ValueError(f"actor.backend=megatron converts Qwen2.5-Omni thinkers (model.family=qwen2_5_omni); "
-                             f"got {type(model).__name__}")
+        if getattr(model, "config", None) is None or getattr(model.config, "model_type", "") not in THINKERS:
+            raise ValueError(f"actor.backend=megatron converts Qwen2.5-Omni and Qwen3-Omni MoE thinkers "
+                             f"(model.family=qwen2_5_omni / qwen3_omni_moe); got {type(model).__name__}")
+        routing_replay = kwargs.pop("routing_replay", False)  # MoE: set below, on the Megatron routers
         self._closed = True
         self.device = megatron_runtime.acquire(parallel, seed=seed)
         self._closed = False
@@ -52,9 +57,31 @@ class MegatronActor(HFActor):
             to_megatron(model, device=self.device, tensor_parallel=parallel.tensor,
                         pipeline_parallel=parallel.pipeline, context_parallel=parallel.context)
             super().__init__(model, processor, **kwargs)
+            # -- MoE: routing record / replay on megatron-core's routers (replay.py) --
+            self.routing = megatron_replay.routing_shape(self.model)  # (MoE layers, top_k); None when dense
+            if routing_replay and self.routing is None:
+                raise ValueError("algorithm.routing_replay needs a mixture-of-experts policy; this thinker is dense "
+                                 "(set model.family=qwen3_omni_moe)")
+            self.routing_replay = routing_replay
         except BaseException:
             self.close()
             raise
+
+    @contextlib.contextmanager
+    def _routing(self, items: Sequence[Any], batch: dict[str, torch.Tensor]):
+        """As :meth:`HFActor._routing`, on megatron-core's routers (:func:`~.replay.replay_routing`)."""
+        from relax_gym.trainer.policy.routing import batch_routing
+
+        records = [getattr(it, "routed_experts", None) for it in items]
+        if self.routing is None or all(r is None for r in records):
+            yield
+            return
+        ids = batch["input_ids"]
+        recorded = batch_routing(records, ids.shape[1], *self.routing)
+        with megatron_replay.replay_routing(self.model, recorded if self.routing_replay else None,
+                                            batch=ids.shape[0]) as trace:
+            yield
+        self.routing_counts.add(recorded, trace.natural, trace.used, batch["attention_mask"].bool())
 
     # -- weights under HF names ----------------------------------------------------------------------------------
 

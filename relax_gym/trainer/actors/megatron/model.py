@@ -41,9 +41,10 @@ def _qk_norm(text_config: Any) -> bool:
 
 
 def transformer_config(text_config: Any, *, dtype: torch.dtype = torch.float32, tensor_parallel: int = 1,
-                       pipeline_parallel: int = 1, context_parallel: int = 1) -> Any:
+                       pipeline_parallel: int = 1, context_parallel: int = 1, **extra: Any) -> Any:
     """megatron-core's ``TransformerConfig`` for a Qwen2-style text config (qkv bias, RMSNorm, SwiGLU, mrope):
-    local attention and every fusion off, so it runs on a CPU as on a GPU; dropout off (as the HF policy)."""
+    local attention and every fusion off, so it runs on a CPU as on a GPU; dropout off (as the HF policy).
+    ``extra``: more ``TransformerConfig`` fields (the MoE ones of :func:`~.moe.moe_config_fields`)."""
     from megatron.core.transformer.enums import AttnBackend
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -87,6 +88,7 @@ def transformer_config(text_config: Any, *, dtype: torch.dtype = torch.float32, 
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
+        **extra,
     )
 
 
@@ -95,17 +97,31 @@ def build_gpt(text_config: Any, **kwargs: Any) -> Any:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    # -- MoE family (model.family=qwen3_omni_moe): expert fields and the MoE layer spec come from moe.py --
+    from relax_gym.trainer.actors.megatron import moe
+
+    if moe.is_moe(text_config):
+        kwargs = {**moe.moe_config_fields(text_config, expert_parallel=moe.expert_parallel_size()), **kwargs}
     config = transformer_config(text_config, **kwargs)
+    spec = (moe.layer_spec(config) if moe.is_moe(text_config)
+            else get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_layernorm))
+    # -- end MoE family --
     rope = getattr(text_config, "rope_parameters", None) or {}
-    return GPTModel(
+    gpt = GPTModel(
         config,
-        get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_layernorm),
+        spec,
         vocab_size=int(text_config.vocab_size),
         max_sequence_length=int(text_config.max_position_embeddings),
         position_embedding_type="mrope" if config.mrope_section else "rope",
         rotary_base=int(rope.get("rope_theta", getattr(text_config, "rope_theta", 10_000))),
         share_embeddings_and_output_weights=bool(getattr(text_config, "tie_word_embeddings", False)),
     )
+    # -- Qwen3-Omni: interleaved multimodal rope (qwen3_omni.py) --
+    from relax_gym.trainer.actors.megatron import qwen3_omni
+
+    if qwen3_omni.interleaved_mrope(text_config):
+        gpt.rotary_pos_emb = qwen3_omni.InterleavedMRope(config.kv_channels, float(rope.get("rope_theta", 10_000)))
+    return gpt
 
 
 def _blocked(attention_mask: torch.Tensor | None, batch: int, length: int, device: torch.device) -> torch.Tensor:
@@ -199,11 +215,38 @@ def to_megatron(thinker: nn.Module, *, device: torch.device | str = "cpu", **kwa
     dtype = next(thinker.parameters()).dtype
     hf_state = thinker.state_dict()
     gpt = build_gpt(text_config, dtype=dtype, **kwargs)
-    _load_decoder(gpt, hf_to_megatron(hf_state, shape, prefix=DECODER_PREFIX, lm_head=HEAD))
+    _load_decoder(gpt, _decoder_to_megatron(hf_state, text_config))
     thinker._hf_keys = tuple(hf_state)  # the HF state dict's names, in order
-    thinker.model.language_model = MegatronLanguageModel(gpt, text_config)
+    thinker.model.language_model = _language_model_class(text_config)(gpt, text_config)
     thinker.lm_head = MegatronLMHead(gpt)
     return thinker.to(device)
+
+
+# -- family switch: MoE decoders (model.family=qwen3_omni_moe) convert through moe.py, Qwen3-Omni's deepstack is
+# -- added by qwen3_omni.py; dense ones through convert.py as before --
+
+def _decoder_to_megatron(state: Mapping[str, torch.Tensor], text_config: Any) -> dict[str, torch.Tensor]:
+    from relax_gym.trainer.actors.megatron import moe
+
+    if moe.is_moe(text_config):
+        return moe.decoder_hf_to_megatron(state, text_config, prefix=DECODER_PREFIX, lm_head=HEAD)
+    return hf_to_megatron(state, DecoderShape.of(text_config), prefix=DECODER_PREFIX, lm_head=HEAD)
+
+
+def _decoder_to_hf(state: Mapping[str, torch.Tensor], text_config: Any) -> dict[str, torch.Tensor]:
+    from relax_gym.trainer.actors.megatron import moe
+
+    if moe.is_moe(text_config):
+        return moe.decoder_megatron_to_hf(state, text_config, prefix=DECODER_PREFIX, lm_head=HEAD)
+    return megatron_to_hf(state, DecoderShape.of(text_config), prefix=DECODER_PREFIX, lm_head=HEAD)
+
+
+def _language_model_class(text_config: Any) -> type[MegatronLanguageModel]:
+    from relax_gym.trainer.actors.megatron import qwen3_omni
+
+    return qwen3_omni.Qwen3OmniLanguageModel if str(text_config.model_type).startswith("qwen3_omni") else MegatronLanguageModel
+
+# -- end family switch --
 
 
 def _load_decoder(gpt: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
@@ -225,8 +268,7 @@ def _towers(thinker: nn.Module) -> dict[str, torch.Tensor]:
 def hf_state_dict(thinker: nn.Module) -> dict[str, torch.Tensor]:
     """The Megatron thinker's weights under the HF thinker's names, in its order (detached, shared storage)."""
     gpt = gpt_of(thinker)
-    decoder = megatron_to_hf(gpt.state_dict(), DecoderShape.of(thinker.config.get_text_config()),
-                             prefix=DECODER_PREFIX, lm_head=HEAD)
+    decoder = _decoder_to_hf(gpt.state_dict(), thinker.config.get_text_config())
     merged = {**_towers(thinker), **decoder}
     return {k: merged[k].detach() for k in thinker._hf_keys}
 
@@ -237,8 +279,7 @@ def load_hf_state_dict(thinker: nn.Module, state: Mapping[str, torch.Tensor]) ->
     if missing:
         raise KeyError(f"HF state dict lacks {len(missing)} thinker tensor(s): {missing[:4]}")
     gpt = gpt_of(thinker)
-    _load_decoder(gpt, hf_to_megatron(state, DecoderShape.of(thinker.config.get_text_config()),
-                                      prefix=DECODER_PREFIX, lm_head=HEAD))
+    _load_decoder(gpt, _decoder_to_megatron(state, thinker.config.get_text_config()))
     own = thinker.state_dict()
     with torch.no_grad():
         for name in _towers(thinker):
