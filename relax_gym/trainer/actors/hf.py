@@ -143,7 +143,7 @@ class HFActor:
             share = sum(weights[i] for i in idx)
             (out.loss * share).backward()
             nll += out.metrics["nll"] * share
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        grad_norm = self._clip_gradients()
         self.optimizer.step()
         return {"sft_nll": nll, "grad_norm": float(grad_norm)}
 
@@ -225,12 +225,17 @@ class HFActor:
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.div_(self._stream_weight)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        grad_norm = self._clip_gradients()
         self.optimizer.step()
         metrics = {k: v / self._stream_live for k, v in self._stream_totals.items()}
         metrics["grad_norm"] = float(grad_norm)
         metrics["samples_forwarded"] = float(self._stream_forwarded)
         return {**metrics, **self._routing_metrics()}
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """Clip the accumulated gradients to ``grad_clip``; their norm before clipping. (The megatron backend
+        overrides it to reduce gradients across ranks first.)"""
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
 
     @staticmethod
     def _raw_weights(items: Sequence[Any], aggregation: str) -> list[float]:

@@ -67,6 +67,14 @@ class MegatronActor(HFActor):
             self.close()
             raise
 
+    def _clip_gradients(self) -> torch.Tensor:
+        """Expert parallel: reduce the gradients across ranks, then clip by the global norm (moe.py)."""
+        from relax_gym.trainer.actors.megatron import moe
+
+        if moe.expert_parallel_size() > 1:
+            return moe.reduce_and_clip_gradients(self.model, self.grad_clip)
+        return super()._clip_gradients()
+
     @contextlib.contextmanager
     def _routing(self, items: Sequence[Any], batch: dict[str, torch.Tensor]):
         """As :meth:`HFActor._routing`, on megatron-core's routers (:func:`~.replay.replay_routing`)."""
