@@ -34,9 +34,9 @@ def test_parallel_sizes_belong_to_the_megatron_backend():
     assert "parallel sizes apply to actor.backend=megatron, not 'hf'" in error_of("actor.pipeline_parallel_size=2")
 
 
-def test_the_moe_family_has_no_megatron_conversion():
-    message = error_of("actor.backend=megatron", "model.family=qwen3_omni_moe")
-    assert "model.family='qwen3_omni_moe' has no Megatron conversion" in message
+def test_the_moe_family_converts_to_megatron_with_routing_replay():
+    cfg = load_recipe(None, ["actor.backend=megatron", "model.family=qwen3_omni_moe", "algorithm.routing_replay=true"])
+    assert cfg.actor.backend == "megatron" and cfg.model.family == "qwen3_omni_moe" and cfg.algorithm.routing_replay
 
 
 def test_a_single_process_cannot_hold_a_tensor_parallel_group():

@@ -44,8 +44,8 @@ class MegatronActor(HFActor):
     def __init__(self, model: nn.Module, processor: Any, *, parallel: ParallelSizes = ParallelSizes(), seed: int = 0,
                  **kwargs: Any) -> None:
         if getattr(model, "config", None) is None or getattr(model.config, "model_type", "") not in THINKERS:
-            raise ValueError(f"actor.backend=megatron converts Qwen2.5-Omni and Qwen3-Omni MoE thinkers "
-                             f"(model.family=qwen2_5_omni / qwen3_omni_moe); got {type(model).__name__}")
+            raise ValueError(f"actor.backend=megatron converts Qwen2.5-Omni thinkers (model.family=qwen2_5_omni) and "
+                             f"Qwen3-Omni MoE thinkers (model.family=qwen3_omni_moe); got {type(model).__name__}")
         routing_replay = kwargs.pop("routing_replay", False)  # MoE: set below, on the Megatron routers
         self._closed = True
         self.device = megatron_runtime.acquire(parallel, seed=seed)
