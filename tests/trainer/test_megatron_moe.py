@@ -96,6 +96,20 @@ def test_live_megatron_moe_thinker_round_trip_is_bit_exact(moe_pair):
     assert all(torch.equal(actor.state_dict()[k], reference[k]) for k in reference)
 
 
+def test_dist_checkpoint_round_trip_of_the_moe_thinker_is_exact(moe_pair, tmp_path):
+    _, actor, _ = moe_pair
+    saved = {k: v.clone() for k, v in actor.state_dict().items()}
+    out = actor.save_checkpoint(tmp_path / "step")
+    with torch.no_grad():
+        for p in actor.model.parameters():
+            p.add_(1.0)
+    key = f"{P}layers.1.mlp.experts.down_proj"
+    assert not torch.equal(actor.state_dict()[key], saved[key])
+    actor.load_checkpoint(out)
+    restored = actor.state_dict()
+    assert all(torch.equal(restored[k], saved[k]) for k in saved)
+
+
 # -- log-probs ---------------------------------------------------------------------------------------------------------
 
 def test_hf_and_megatron_moe_logprobs_agree(moe_pair):

@@ -14,6 +14,12 @@ this backend adds is where the model comes from and how its weights leave it:
 - megatron-core's parallel state (a world-size-1 process group; gloo over loopback on a CPU, with the CPU patch of
   :mod:`~relax_gym.trainer.actors.megatron.cpu_patch`) is set up by the first actor and torn down by ``close``.
 
+MoE thinkers (``model.family=qwen3_omni_moe``) convert to megatron-core MoE layers
+(:mod:`~relax_gym.trainer.actors.megatron.moe`, :mod:`~relax_gym.trainer.actors.megatron.qwen3_omni`); items'
+recorded experts are measured and, with ``routing_replay``, replayed on megatron-core's routers
+(:mod:`~relax_gym.trainer.actors.megatron.replay`). Under expert parallelism (megatron-core set up by a launcher
+with ``expert_model_parallel_size`` > 1) gradients are reduced across ranks before clipping (:meth:`_clip_gradients`).
+
 Tensor / pipeline / context parallel sizes come from the config; this trainer runs its actor in one process, so
 anything above 1 is refused with one clear error (:mod:`~relax_gym.trainer.actors.megatron.runtime`).
 """
