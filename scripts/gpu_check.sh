@@ -16,6 +16,9 @@
 #   install   the offline install (GPU run, or a dry run with --wheelhouse)
 #   megatron  python -m relax_gym.trainer.tools.megatron_check --device cuda --steps N: HF vs Megatron token
 #             log-probs (fp32, max abs diff <= 1e-4), bit-exact HF <-> Megatron conversion, N training steps
+#   megatron_group  python -m relax_gym.trainer.tools.megatron_check --device cuda --group: the rank-group launcher
+#             (Ray placement group, one rank process, nccl) at world size 1 against the in-process actor: bit-identical
+#             gathered weights, one RL step within 1e-4 (needs Ray on the machine; fails with the reason if absent)
 #   dcs       python -m relax_gym.trainer.tools.transport_check --device cuda: a DCS push over nccl between two
 #             processes (two pushes, SHA-256 per tensor equal), and our weight-update group meeting an end built
 #             the way SGLang builds its own
@@ -149,9 +152,10 @@ fi
 # -- the checks -----------------------------------------------------------------------------------------------------
 if tail -n 1 "$RESULTS" | grep -q '"ok": true'; then
   run_check megatron 240 "$PY" -m relax_gym.trainer.tools.megatron_check --device "$DEVICE" --steps "$STEPS"
+  run_check megatron_group 180 "$PY" -m relax_gym.trainer.tools.megatron_check --device "$DEVICE" --group
   run_check dcs 180 "$PY" -m relax_gym.trainer.tools.transport_check --device "$DEVICE" --timeout-s 150
 else  # without relax-gym installed the checks would only fail on imports
-  for name in megatron dcs; do
+  for name in megatron megatron_group dcs; do
     echo "{\"check\": \"$name\", \"ok\": false, \"skipped\": \"the install failed\", \"rc\": 1}" >> "$RESULTS"
     tail -n 1 "$RESULTS"
   done

@@ -32,13 +32,15 @@ def test_dry_run_runs_every_check_on_cpu_and_passes(tmp_path):
     proc = run("--dry-run", "--out", str(tmp_path), timeout=840)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = results(tmp_path)
-    assert list(rows) == ["env", "install", "megatron", "dcs", "summary"]
+    assert list(rows) == ["env", "install", "megatron", "megatron_group", "dcs", "summary"]
     assert all(r["ok"] for r in rows.values())
     assert rows["env"]["dry_run"] is True and rows["env"]["device"] == "cpu"
     assert "dry run without --wheelhouse" in rows["install"]["skipped"]
     megatron = rows["megatron"]
     assert megatron["device"] == "cpu" and megatron["steps"] == 2 and megatron["conversion_bit_exact"] is True
     assert megatron["logprob_max_abs_diff"] <= megatron["tolerance"] == 1e-4
+    group = rows["megatron_group"]  # the rank-group launcher at world size 1
+    assert group["weights_bit_identical"] is True and group["weight_gap"] <= 1e-4 and len(group["layout"]) == 1
     dcs = rows["dcs"]
     assert dcs["transport"] == "tcp" and dcs["engine_weight_version"] == "2"
     assert [p["bit_identical"] for p in dcs["pushes"]] == [True, True]
@@ -52,9 +54,10 @@ def test_a_failed_install_fails_the_run_and_skips_the_checks(tmp_path):
     assert proc.returncode == 1
     rows = results(tmp_path / "out")
     assert rows["install"]["ok"] is False and "no wheelhouse at" in rows["install"]["error"]
-    assert rows["megatron"]["skipped"] == rows["dcs"]["skipped"] == "the install failed"
+    assert rows["megatron"]["skipped"] == rows["megatron_group"]["skipped"] == rows["dcs"]["skipped"] == "the install failed"
     assert rows["summary"] == {"check": "summary", "ok": False, "wall_s": rows["summary"]["wall_s"],
-                               "checks": {"env": True, "install": False, "megatron": False, "dcs": False}}
+                               "checks": {"env": True, "install": False, "megatron": False, "megatron_group": False,
+                                          "dcs": False}}
 
 
 @pytest.mark.parametrize("args, message", [(["--bogus"], "unknown argument '--bogus'"),

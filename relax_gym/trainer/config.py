@@ -220,9 +220,8 @@ class RelaxConfig(_Section):
         if self.trainer.mode == "colocate" and self.trainer.stragglers != "wait":
             raise ValueError(f"trainer.stragglers={self.trainer.stragglers} needs trainer.mode=async (a colocate step "
                              "always waits for its whole rollout)")
-        if self.actor.backend == "megatron" and self.model.family != "qwen2_5_omni":
-            raise ValueError(f"actor.backend=megatron runs the Qwen2.5-Omni thinker's decoder (model.family=qwen2_5_omni); "
-                             f"model.family={self.model.family!r} has no Megatron conversion")
+        # actor.backend=megatron converts both families: qwen2_5_omni (dense) and qwen3_omni_moe (MoE layers,
+        # actors/megatron/moe.py), so there is no family check here
         if self.algorithm.routing_replay and self.model.family != "qwen3_omni_moe":
             raise ValueError(f"algorithm.routing_replay needs a mixture-of-experts policy (model.family=qwen3_omni_moe), "
                              f"got model.family={self.model.family!r}")

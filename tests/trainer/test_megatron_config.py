@@ -20,28 +20,36 @@ def error_of(*overrides: str) -> str:
     return " ".join(str(info.value).split())
 
 
-def test_megatron_backend_with_unit_sizes_is_accepted():
-    cfg = load_recipe(None, ["actor.backend=megatron", "actor.tensor_parallel_size=1"])
-    assert cfg.actor.backend == "megatron" and cfg.actor.pipeline_parallel_size == cfg.actor.context_parallel_size == 1
+def test_megatron_backend_parallel_sizes_multiply_to_the_world_size():
+    cfg = load_recipe(None, ["actor.backend=megatron", "actor.parallel.tp=2", "actor.parallel.pp=2", "actor.parallel.dp=2"])
+    assert cfg.actor.backend == "megatron" and cfg.actor.parallel.world == 8
+    assert ParallelSizes.of(cfg.actor.parallel) == ParallelSizes(tensor=2, pipeline=2, data=2)
 
 
-def test_parallel_sizes_above_one_are_refused_on_a_cpu():
-    message = error_of("actor.backend=megatron", "actor.tensor_parallel_size=2", "actor.context_parallel_size=2")
-    assert "actor.tensor_parallel_size=2, actor.context_parallel_size=2: on a CPU megatron-core runs with" in message
+def test_context_parallel_is_refused_with_the_reason():
+    message = error_of("actor.backend=megatron", "actor.parallel.cp=2")
+    assert "actor.parallel.cp=2: context parallel is not supported" in message and "ring attention" in message
+
+
+def test_expert_parallel_rides_on_the_data_parallel_ranks():
+    assert "actor.parallel.ep=2 must divide actor.parallel.dp=1" in error_of("actor.backend=megatron", "actor.parallel.ep=2")
+    cfg = load_recipe(None, ["actor.backend=megatron", "model.family=qwen3_omni_moe", "actor.parallel.dp=2",
+                             "actor.parallel.ep=2"])
+    assert cfg.actor.parallel.world == 2
 
 
 def test_parallel_sizes_belong_to_the_megatron_backend():
-    assert "parallel sizes apply to actor.backend=megatron, not 'hf'" in error_of("actor.pipeline_parallel_size=2")
+    assert "applies to actor.backend=megatron, not 'hf'" in error_of("actor.parallel.pp=2")
 
 
-def test_the_moe_family_has_no_megatron_conversion():
-    message = error_of("actor.backend=megatron", "model.family=qwen3_omni_moe")
-    assert "model.family='qwen3_omni_moe' has no Megatron conversion" in message
+def test_the_moe_family_converts_to_megatron_with_routing_replay():
+    cfg = load_recipe(None, ["actor.backend=megatron", "model.family=qwen3_omni_moe", "algorithm.routing_replay=true"])
+    assert cfg.actor.backend == "megatron" and cfg.model.family == "qwen3_omni_moe" and cfg.algorithm.routing_replay
 
 
 def test_a_single_process_cannot_hold_a_tensor_parallel_group():
     assert not dist.is_initialized()
-    with pytest.raises(ValueError, match=r"needs 2 processes started by a launcher"):
+    with pytest.raises(ValueError, match=r"needs 2 processes: a rank group"):
         megatron_runtime.acquire(ParallelSizes(tensor=2))
     assert not dist.is_initialized() and megatron_runtime.active_users() == 0
 

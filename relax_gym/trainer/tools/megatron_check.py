@@ -117,10 +117,73 @@ def run_check(device: str, steps: int) -> dict[str, Any]:
         actor.close()
 
 
+def run_group_check(device: str) -> dict[str, Any]:
+    """The rank-group path at world size 1 (``actor.parallel.launcher=ray``: a Ray placement group, one rank
+    process, the process group multi-GPU runs make) against the in-process actor: the same gathered weights, bit
+    for bit, and one RL step to the same loss and weights within the tolerance."""
+    import os as _os
+
+    import torch
+
+    os_env = _os.environ
+    os_env.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    from relax_gym.trainer.actors.megatron.actor import MegatronActor
+    from relax_gym.trainer.actors.megatron.group import RankGroup
+    from relax_gym.trainer.algorithms import preset
+    from relax_gym.trainer.config import RelaxConfig
+    from relax_gym.trainer.policy import build_policy
+    from relax_gym.trainer.run.seeds import seed_everything
+
+    gpus = 1 if device == "cuda" else 0
+    cfg = RelaxConfig.model_validate({"actor": {"backend": "megatron", "lr": 1e-3, "micro_batch_size": 4, "parallel": {
+        "launcher": "ray", "num_gpus_per_rank": gpus}}})
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    failures: list[str] = []
+    group = one = None
+    try:
+        seed_everything(0)
+        model, processor = build_policy(cfg.model)
+        t0 = time.perf_counter()
+        group = RankGroup(cfg, model, processor)
+        start_s = time.perf_counter() - t0
+        seed_everything(0)
+        reference, _ = build_policy(cfg.model)
+        one = MegatronActor(reference.train(), processor, lr=1e-3, micro_batch_size=4)
+        mine, theirs = one.state_dict(), group.state_dict()
+        identical = mine.keys() == theirs.keys() and all(torch.equal(mine[k].cpu(), theirs[k].cpu()) for k in mine)
+        if not identical:
+            failures.append("the group's gathered weights differ from the in-process actor's")
+        items = rl_batch(processor)
+        advantages = torch.linspace(1.0, -0.5, len(items))
+        m_group = group.rl_step(items, advantages, preset("grpo"))
+        m_one = one.rl_step(items, advantages, preset("grpo"))
+        loss_gap = abs(m_group["pg_loss"] - m_one["pg_loss"])
+        after = group.state_dict()
+        weight_gap = max(float((after[k].cpu() - v.cpu()).abs().max()) for k, v in one.state_dict().items())
+        if not (loss_gap <= TOLERANCE and weight_gap <= TOLERANCE):
+            failures.append(f"one RL step: loss gap {loss_gap:.3g}, weight gap {weight_gap:.3g} (> {TOLERANCE})")
+        return {"ok": not failures, "failures": failures, "group_start_s": round(start_s, 1), "layout": group.layout,
+                "weights_bit_identical": identical, "loss_gap": loss_gap, "weight_gap": weight_gap,
+                "memory": group.memory()}
+    finally:
+        if group is not None:
+            group.close()
+        if one is not None:
+            one.close()
+        if started:
+            ray.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m relax_gym.trainer.tools.megatron_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
     parser.add_argument("--steps", type=int, default=3, help="megatron training steps (default 3)")
+    parser.add_argument("--group", action="store_true",
+                        help="check the rank-group launcher instead (world size 1 through Ray, as multi-GPU runs use)")
     args = parser.parse_args(argv)
     if args.steps < 0:
         parser.error("--steps must be >= 0")
@@ -132,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"ok": False, "device": "cuda", "failures": ["no CUDA device visible to torch"]}))
         return 2
     try:
-        summary = run_check(args.device, args.steps)
+        summary = run_group_check(args.device) if args.group else run_check(args.device, args.steps)
     except Exception as exc:  # noqa: BLE001 - one JSON line whatever broke (the traceback on stderr)
         traceback.print_exc()
         summary = {"ok": False, "device": args.device, "failures": [f"{type(exc).__name__}: {exc}"]}

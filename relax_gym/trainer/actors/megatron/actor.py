@@ -14,12 +14,20 @@ this backend adds is where the model comes from and how its weights leave it:
 - megatron-core's parallel state (a world-size-1 process group; gloo over loopback on a CPU, with the CPU patch of
   :mod:`~relax_gym.trainer.actors.megatron.cpu_patch`) is set up by the first actor and torn down by ``close``.
 
+MoE thinkers (``model.family=qwen3_omni_moe``) convert to megatron-core MoE layers
+(:mod:`~relax_gym.trainer.actors.megatron.moe`, :mod:`~relax_gym.trainer.actors.megatron.qwen3_omni`); items'
+recorded experts are measured and, with ``routing_replay``, replayed on megatron-core's routers
+(:mod:`~relax_gym.trainer.actors.megatron.replay`). Under expert parallelism (megatron-core set up by a launcher
+with ``expert_model_parallel_size`` > 1) gradients are reduced across ranks before clipping (:meth:`_clip_gradients`).
+
 Tensor / pipeline / context parallel sizes come from the config; this trainer runs its actor in one process, so
 anything above 1 is refused with one clear error (:mod:`~relax_gym.trainer.actors.megatron.runtime`).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +35,7 @@ import torch
 from torch import nn
 
 from relax_gym.trainer.actors.hf import HFActor
+from relax_gym.trainer.actors.megatron import replay as megatron_replay
 from relax_gym.trainer.actors.megatron import runtime as megatron_runtime
 from relax_gym.trainer.actors.megatron.model import gpt_of, hf_state_dict, load_hf_state_dict, to_megatron
 from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
@@ -36,14 +45,16 @@ __all__ = ["CHECKPOINT_DIR", "OPTIMIZER_DIR", "MegatronActor"]
 
 CHECKPOINT_DIR = "megatron"  # the dist_checkpointing folder inside a checkpoint directory
 OPTIMIZER_DIR = "megatron_optimizer"  # the optimizer's dist_checkpointing folder beside it
+THINKERS = ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker")  # model.family qwen2_5_omni, qwen3_omni_moe (MoE)
 
 
 class MegatronActor(HFActor):
     def __init__(self, model: nn.Module, processor: Any, *, parallel: ParallelSizes = ParallelSizes(), seed: int = 0,
                  **kwargs: Any) -> None:
-        if getattr(model, "config", None) is None or getattr(model.config, "model_type", "") != "qwen2_5_omni_thinker":
-            raise ValueError(f"actor.backend=megatron converts Qwen2.5-Omni thinkers (model.family=qwen2_5_omni); "
-                             f"got {type(model).__name__}")
+        if getattr(model, "config", None) is None or getattr(model.config, "model_type", "") not in THINKERS:
+            raise ValueError(f"actor.backend=megatron converts Qwen2.5-Omni thinkers (model.family=qwen2_5_omni) and "
+                             f"Qwen3-Omni MoE thinkers (model.family=qwen3_omni_moe); got {type(model).__name__}")
+        routing_replay = kwargs.pop("routing_replay", False)  # MoE: set below, on the Megatron routers
         self._closed = True
         self.device = megatron_runtime.acquire(parallel, seed=seed)
         self._closed = False
@@ -55,9 +66,39 @@ class MegatronActor(HFActor):
                         pipeline_parallel=parallel.pipeline, context_parallel=parallel.context,
                         expert_parallel=parallel.expert)
             super().__init__(model, processor, **kwargs)
+            # -- MoE: routing record / replay on megatron-core's routers (replay.py) --
+            self.routing = megatron_replay.routing_shape(self.model)  # (MoE layers, top_k); None when dense
+            if routing_replay and self.routing is None:
+                raise ValueError("algorithm.routing_replay needs a mixture-of-experts policy; this thinker is dense "
+                                 "(set model.family=qwen3_omni_moe)")
+            self.routing_replay = routing_replay
         except BaseException:
             self.close()
             raise
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """Expert parallel: reduce the gradients across ranks, then clip by the global norm (moe.py)."""
+        from relax_gym.trainer.actors.megatron import moe
+
+        if moe.expert_parallel_size() > 1:
+            return moe.reduce_and_clip_gradients(self.model, self.grad_clip)
+        return super()._clip_gradients()
+
+    @contextlib.contextmanager
+    def _routing(self, items: Sequence[Any], batch: dict[str, torch.Tensor]):
+        """As :meth:`HFActor._routing`, on megatron-core's routers (:func:`~.replay.replay_routing`)."""
+        from relax_gym.trainer.policy.routing import batch_routing
+
+        records = [getattr(it, "routed_experts", None) for it in items]
+        if self.routing is None or all(r is None for r in records):
+            yield
+            return
+        ids = batch["input_ids"]
+        recorded = batch_routing(records, ids.shape[1], *self.routing)
+        with megatron_replay.replay_routing(self.model, recorded if self.routing_replay else None,
+                                            batch=ids.shape[0]) as trace:
+            yield
+        self.routing_counts.add(recorded, trace.natural, trace.used, batch["attention_mask"].bool())
 
     # -- weights under HF names ----------------------------------------------------------------------------------
 

@@ -93,9 +93,10 @@ def _split_qkv(qkv: torch.Tensor, shape: DecoderShape) -> tuple[torch.Tensor, to
 
 
 def hf_to_megatron(hf: Mapping[str, torch.Tensor], shape: DecoderShape, *, prefix: str = "model.",
-                   lm_head: str = "lm_head.weight") -> dict[str, torch.Tensor]:
+                   lm_head: str = "lm_head.weight", dense_mlp: bool = True) -> dict[str, torch.Tensor]:
     """The decoder's tensors of an HF state dict (keys under ``prefix``, plus ``lm_head``) in Megatron names.
-    Tensors of other parts (vision / audio towers) are ignored."""
+    Tensors of other parts (vision / audio towers) are ignored. ``dense_mlp=False``: the layers' MLPs are MoE blocks,
+    left to :mod:`~relax_gym.trainer.actors.megatron.moe`."""
     where = "HF -> Megatron"
     out = {"embedding.word_embeddings.weight": _take(hf, f"{prefix}embed_tokens.weight", where)}
     for i in range(shape.num_layers):
@@ -109,8 +110,9 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], shape: DecoderShape, *, prefi
                 continue
             q, k, v = (_take(hf, n, where) for n in names)
             out[f"{dst}self_attention.linear_qkv.{kind}"] = _fuse_qkv(q, k, v, shape)
-        gate, up = (_take(hf, f"{src}mlp.{p}_proj.weight", where) for p in ("gate", "up"))
-        out[f"{dst}mlp.linear_fc1.weight"] = torch.cat([gate, up], dim=0)
+        if dense_mlp:
+            gate, up = (_take(hf, f"{src}mlp.{p}_proj.weight", where) for p in ("gate", "up"))
+            out[f"{dst}mlp.linear_fc1.weight"] = torch.cat([gate, up], dim=0)
     out["decoder.final_layernorm.weight"] = _take(hf, f"{prefix}norm.weight", where)
     if not shape.tied:
         out["output_layer.weight"] = _take(hf, lm_head, where)
@@ -118,9 +120,10 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], shape: DecoderShape, *, prefi
 
 
 def megatron_to_hf(mc: Mapping[str, torch.Tensor], shape: DecoderShape, *, prefix: str = "model.",
-                   lm_head: str = "lm_head.weight") -> dict[str, torch.Tensor]:
+                   lm_head: str = "lm_head.weight", dense_mlp: bool = True) -> dict[str, torch.Tensor]:
     """A Megatron ``GPTModel`` state dict (``_extra_state`` entries ignored) in HF names. With tied embeddings
-    ``lm_head`` is the embedding tensor itself, as in the HF model's own state dict."""
+    ``lm_head`` is the embedding tensor itself, as in the HF model's own state dict. ``dense_mlp=False``: MoE MLPs,
+    converted by :mod:`~relax_gym.trainer.actors.megatron.moe`."""
     where = "Megatron -> HF"
     embed = _take(mc, "embedding.word_embeddings.weight", where)
     out = {f"{prefix}embed_tokens.weight": embed}
@@ -136,9 +139,10 @@ def megatron_to_hf(mc: Mapping[str, torch.Tensor], shape: DecoderShape, *, prefi
         for hf_suffix, mc_suffix in _SAME_PER_LAYER.items():
             if f"{src}{mc_suffix}" in mc:
                 out[f"{dst}{hf_suffix}"] = mc[f"{src}{mc_suffix}"]
-        gate, up = torch.chunk(_take(mc, f"{src}mlp.linear_fc1.weight", where), 2, dim=0)
-        out[f"{dst}mlp.gate_proj.weight"] = gate.contiguous()
-        out[f"{dst}mlp.up_proj.weight"] = up.contiguous()
+        if dense_mlp:
+            gate, up = torch.chunk(_take(mc, f"{src}mlp.linear_fc1.weight", where), 2, dim=0)
+            out[f"{dst}mlp.gate_proj.weight"] = gate.contiguous()
+            out[f"{dst}mlp.up_proj.weight"] = up.contiguous()
     out[f"{prefix}norm.weight"] = _take(mc, "decoder.final_layernorm.weight", where)
     out[lm_head] = embed if shape.tied else _take(mc, "output_layer.weight", where)
     return out

@@ -42,9 +42,11 @@ def _qk_norm(text_config: Any) -> bool:
 
 
 def transformer_config(text_config: Any, *, dtype: torch.dtype = torch.float32, tensor_parallel: int = 1,
-                       pipeline_parallel: int = 1, context_parallel: int = 1, expert_parallel: int = 1) -> Any:
+                       pipeline_parallel: int = 1, context_parallel: int = 1, expert_parallel: int = 1,
+                       **extra: Any) -> Any:
     """megatron-core's ``TransformerConfig`` for a Qwen2-style text config (qkv bias, RMSNorm, SwiGLU, mrope):
-    local attention and every fusion off, so it runs on a CPU as on a GPU; dropout off (as the HF policy)."""
+    local attention and every fusion off, so it runs on a CPU as on a GPU; dropout off (as the HF policy).
+    ``extra``: more ``TransformerConfig`` fields (the MoE ones of :func:`~.moe.moe_config_fields`)."""
     from megatron.core.transformer.enums import AttnBackend
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -56,7 +58,7 @@ def transformer_config(text_config: Any, *, dtype: torch.dtype = torch.float32, 
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"rope_type={rope.get('rope_type')!r}: only the default (unscaled) rope converts to Megatron")
     mrope = rope.get("mrope_section")
-    return TransformerConfig(
+    fields = dict(
         num_layers=shape.num_layers,
         hidden_size=int(text_config.hidden_size),
         ffn_hidden_size=int(text_config.intermediate_size),
@@ -82,7 +84,6 @@ def transformer_config(text_config: Any, *, dtype: torch.dtype = torch.float32, 
         pipeline_dtype=dtype,
         variable_seq_lengths=pipeline_parallel > 1,
         batch_p2p_comm=False,
-        moe_token_dispatcher_type="alltoall",  # the dispatcher that accepts variable sequence lengths
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
@@ -95,7 +96,11 @@ def transformer_config(text_config: Any, *, dtype: torch.dtype = torch.float32, 
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
+        # the dense decoder never dispatches tokens, but megatron-core refuses variable sequence lengths with the
+        # default (allgather) dispatcher; an MoE decoder's own fields (moe.py) choose its dispatcher
+        moe_token_dispatcher_type="alltoall",
     )
+    return TransformerConfig(**{**fields, **extra})
 
 
 def build_gpt(text_config: Any, **kwargs: Any) -> Any:
@@ -105,11 +110,19 @@ def build_gpt(text_config: Any, **kwargs: Any) -> Any:
 
     from megatron.core import parallel_state as ps
 
+    # -- MoE family (model.family=qwen3_omni_moe): expert fields and the MoE layer spec come from moe.py --
+    from relax_gym.trainer.actors.megatron import moe
+
+    if moe.is_moe(text_config):
+        kwargs = {**moe.moe_config_fields(text_config, expert_parallel=moe.expert_parallel_size()), **kwargs}
     config = transformer_config(text_config, **kwargs)
+    spec = (moe.layer_spec(config) if moe.is_moe(text_config)
+            else get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_layernorm))
+    # -- end MoE family --
     rope = getattr(text_config, "rope_parameters", None) or {}
     gpt = GPTModel(
         config,
-        get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_layernorm),
+        spec,
         vocab_size=padded_vocab(int(text_config.vocab_size), config.tensor_model_parallel_size),
         pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
         parallel_output=False,  # the head gathers the vocabulary slices: each tensor rank gets whole logits
@@ -118,6 +131,11 @@ def build_gpt(text_config: Any, **kwargs: Any) -> Any:
         rotary_base=int(rope.get("rope_theta", getattr(text_config, "rope_theta", 10_000))),
         share_embeddings_and_output_weights=bool(getattr(text_config, "tie_word_embeddings", False)),
     )
+    # -- Qwen3-Omni: interleaved multimodal rope (qwen3_omni.py) --
+    from relax_gym.trainer.actors.megatron import qwen3_omni
+
+    if qwen3_omni.interleaved_mrope(text_config):
+        gpt.rotary_pos_emb = qwen3_omni.InterleavedMRope(config.kv_channels, float(rope.get("rope_theta", 10_000)))
     _mark_tensor_parallel(gpt)
     return gpt
 
@@ -238,16 +256,43 @@ def to_megatron(thinker: nn.Module, *, device: torch.device | str = "cpu", **kwa
     dtype = next(thinker.parameters()).dtype
     hf_state = thinker.state_dict()
     gpt = build_gpt(text_config, dtype=dtype, **kwargs)
-    _load_decoder(gpt, local_decoder_state(hf_to_megatron(hf_state, shape, prefix=DECODER_PREFIX, lm_head=HEAD), gpt))
+    _load_decoder(gpt, local_decoder_state(_decoder_to_megatron(hf_state, text_config), gpt))
     thinker._hf_keys = tuple(hf_state)  # the HF state dict's names, in order
     thinker._tower_keys = frozenset(k for k in hf_state if not k.startswith((DECODER_PREFIX, "lm_head.")))
-    thinker.model.language_model = MegatronLanguageModel(gpt, text_config)
+    thinker.model.language_model = _language_model_class(text_config)(gpt, text_config)
     thinker.lm_head = MegatronLMHead(gpt, int(text_config.vocab_size))
     if not gpt.pre_process:  # a later pipeline stage: the towers and their merge live on the first one
         for name, _ in list(thinker.model.named_children()):
             if name != "language_model":
                 setattr(thinker.model, name, None)
     return thinker.to(device)
+
+
+# -- family switch: MoE decoders (model.family=qwen3_omni_moe) convert through moe.py, Qwen3-Omni's deepstack is
+# -- added by qwen3_omni.py; dense ones through convert.py as before --
+
+def _decoder_to_megatron(state: Mapping[str, torch.Tensor], text_config: Any) -> dict[str, torch.Tensor]:
+    from relax_gym.trainer.actors.megatron import moe
+
+    if moe.is_moe(text_config):
+        return moe.decoder_hf_to_megatron(state, text_config, prefix=DECODER_PREFIX, lm_head=HEAD)
+    return hf_to_megatron(state, DecoderShape.of(text_config), prefix=DECODER_PREFIX, lm_head=HEAD)
+
+
+def _decoder_to_hf(state: Mapping[str, torch.Tensor], text_config: Any) -> dict[str, torch.Tensor]:
+    from relax_gym.trainer.actors.megatron import moe
+
+    if moe.is_moe(text_config):
+        return moe.decoder_megatron_to_hf(state, text_config, prefix=DECODER_PREFIX, lm_head=HEAD)
+    return megatron_to_hf(state, DecoderShape.of(text_config), prefix=DECODER_PREFIX, lm_head=HEAD)
+
+
+def _language_model_class(text_config: Any) -> type[MegatronLanguageModel]:
+    from relax_gym.trainer.actors.megatron import qwen3_omni
+
+    return qwen3_omni.Qwen3OmniLanguageModel if str(text_config.model_type).startswith("qwen3_omni") else MegatronLanguageModel
+
+# -- end family switch --
 
 
 def _load_decoder(gpt: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
@@ -275,8 +320,7 @@ def hf_state_dict(thinker: nn.Module) -> dict[str, torch.Tensor]:
     text_config = thinker.config.get_text_config()
     whole = full_decoder_state(gpt, int(text_config.vocab_size), extra=_towers(thinker))
     towers = {k: whole.pop(k) for k in thinker._tower_keys}
-    decoder = megatron_to_hf(whole, DecoderShape.of(text_config), prefix=DECODER_PREFIX, lm_head=HEAD)
-    merged = {**towers, **decoder}
+    merged = {**towers, **_decoder_to_hf(whole, text_config)}
     return {k: merged[k].detach() for k in thinker._hf_keys}
 
 
@@ -286,8 +330,7 @@ def load_hf_state_dict(thinker: nn.Module, state: Mapping[str, torch.Tensor]) ->
     if missing:
         raise KeyError(f"HF state dict lacks {len(missing)} thinker tensor(s): {missing[:4]}")
     gpt = gpt_of(thinker)
-    whole = hf_to_megatron(state, DecoderShape.of(thinker.config.get_text_config()), prefix=DECODER_PREFIX, lm_head=HEAD)
-    _load_decoder(gpt, local_decoder_state(whole, gpt))
+    _load_decoder(gpt, local_decoder_state(_decoder_to_megatron(state, thinker.config.get_text_config()), gpt))
     own = thinker.state_dict()
     with torch.no_grad():
         for name in _towers(thinker):

@@ -1,0 +1,136 @@
+"""The megatron actor across ranks (a Ray rank group of two processes, gloo on loopback) against the same actor in
+one process, from the same seed-0 weights, on one batch of rendered video / audio / image episodes:
+
+- the gathered HF-named weights are bit-identical to the one-process actor's, and so is what an engine process
+  receives of them over the DCS's tcp and disk transports;
+- one RL step at tensor parallel 2, at pipeline parallel 2 and at data parallel 2 gives the one-process loss and
+  gradient norm, and the same updated weights, within 1e-4 (AdamW, gradient clipping active);
+- a checkpoint written at that layout (weights and optimizer, ``dist_checkpointing``) loads into the one-process
+  actor: the same weights exactly, and the next step from there equals the group's next step within 1e-4;
+- a rank that dies fails the group as a whole, with one error naming the rank.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from relax_gym.trainer.actors.megatron.actor import MegatronActor
+from relax_gym.trainer.actors.megatron.group import RankGroup, RankGroupError, rank_actor_name
+from relax_gym.trainer.algorithms import preset
+from relax_gym.trainer.config import RelaxConfig
+from relax_gym.trainer.policy import build_policy
+from relax_gym.trainer.run.seeds import seed_everything
+from relax_gym.trainer.tools.megatron_check import TOLERANCE, rl_batch
+
+LAYOUTS = {"tp2": {"tp": 2}, "pp2": {"pp": 2}, "dp2": {"dp": 2}}
+
+
+def _config(parallel: dict[str, int]) -> RelaxConfig:
+    return RelaxConfig.model_validate({"actor": {"backend": "megatron", "lr": 1e-3, "micro_batch_size": 4,
+                                                 "grad_clip": 1.0, "parallel": parallel}})
+
+
+def _one_process(cfg: RelaxConfig) -> MegatronActor:
+    seed_everything(cfg.trainer.seed)
+    model, processor = build_policy(cfg.model)
+    return MegatronActor(model.train(), processor, lr=cfg.actor.lr, grad_clip=cfg.actor.grad_clip,
+                         micro_batch_size=cfg.actor.micro_batch_size)
+
+
+def _max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_step_across_ranks_equals_the_one_process_step(ray_session, tmp_path, layout):
+    cfg = _config(LAYOUTS[layout])
+    one = _one_process(cfg)
+    items = rl_batch(one.processor, per_env=2)  # 6 episodes, 3 groups; micro-batches of 4 and 2
+    advantages = torch.tensor([1.0, -0.5, 0.75, -1.0, 0.25, -0.25])
+    algo = preset("grpo")
+    seed_everything(cfg.trainer.seed)
+    model, processor = build_policy(cfg.model)
+    group = RankGroup(cfg, model, processor)
+    try:
+        assert [r["rank"] for r in group.layout] == [0, 1]
+        start = group.state_dict()
+        assert all(torch.equal(start[k], v) for k, v in one.state_dict().items()), "gathered weights differ"
+
+        m_group = group.rl_step(items, advantages, algo)
+        m_one = one.rl_step(items, advantages, algo)
+        assert m_one["grad_norm"] > cfg.actor.grad_clip  # clipping is part of what must agree
+        assert abs(m_group["grad_norm"] - m_one["grad_norm"]) <= TOLERANCE * m_one["grad_norm"]
+        assert abs(m_group["pg_loss"] - m_one["pg_loss"]) <= TOLERANCE
+        assert abs(m_one["pg_loss"]) > 10 * TOLERANCE  # the loss compared is not trivially zero
+        after = group.state_dict()
+        assert _max_gap(after, one.state_dict()) <= TOLERANCE
+        assert _max_gap(after, start) > 0.5 * cfg.actor.lr  # the step moved the weights (AdamW: by about lr)
+
+        group.save_checkpoint(tmp_path)
+        group.save_optimizer(tmp_path)
+        resumed = _one_process(cfg)  # world size 1 reads the checkpoint written by two ranks
+        try:
+            resumed.load_checkpoint(tmp_path)
+            resumed.load_optimizer(tmp_path)
+            assert all(torch.equal(after[k], v) for k, v in resumed.state_dict().items())
+            group.rl_step(items, -advantages, algo)
+            resumed.rl_step(items, -advantages, algo)
+            assert _max_gap(group.state_dict(), resumed.state_dict()) <= TOLERANCE
+        finally:
+            resumed.close()
+    finally:
+        group.close()
+        one.close()
+
+
+def test_weights_pushed_from_a_tensor_parallel_group_reach_an_engine_bit_identical(ray_session):
+    from relax_gym.trainer.dcs import DCSClient, DCSCoordinator, checkpoint_names
+    from relax_gym.trainer.dcs.group import GroupReceiver, tensor_digest
+    from relax_gym.trainer.engines.client import EngineClient
+    from relax_gym.trainer.engines.process import spawn_engine
+    from relax_gym.trainer.policy import PolicyConfig
+
+    cfg = _config({"tp": 2})
+    one = _one_process(cfg)
+    seed_everything(cfg.trainer.seed)
+    model, processor = build_policy(cfg.model)
+    group = RankGroup(cfg, model, processor)
+    engine = spawn_engine(PolicyConfig(seed=1), weight_receiver=GroupReceiver())
+    try:
+        names = checkpoint_names(group.hf_template)
+        expected = {names[k]: tensor_digest(v) for k, v in one.state_dict().items()}  # what one process pushes
+        with EngineClient(engine.url, timeout=60) as client:
+            for version, transport in enumerate(("tcp", "disk"), start=1):
+                coordinator = DCSCoordinator([engine.url], bucket_mb=0.25, transport=transport, version=0)
+                with DCSClient(coordinator, names=names) as dcs:
+                    report = dcs.push(group.state_dict(), version=version)
+                assert report.engines == 1
+                assert client.weights_checksum(list(expected)) == expected, transport
+    finally:
+        engine.stop()
+        group.close()
+        one.close()
+
+
+def test_a_dead_rank_fails_the_whole_group_with_its_name(ray_session):
+    cfg = _config({"dp": 2})
+    seed_everything(cfg.trainer.seed)
+    model, processor = build_policy(cfg.model)
+    group = RankGroup(cfg, model, processor, name="dead-rank-test")
+    try:
+        ray = ray_session
+        ray.kill(ray.get_actor(rank_actor_name("dead-rank-test", 1)), no_restart=True)
+        with pytest.raises(RankGroupError, match="actor rank 1 of 2"):
+            group.state_dict()  # rank 0 waits in a collective for rank 1: the group must not hang
+        with pytest.raises(RankGroupError, match="actor rank 1 of 2"):
+            group.set_lr(1e-4)  # failed for good
+        deadline = time.monotonic() + 30  # ray.kill is asynchronous: wait until the names are gone
+        while [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("dead-rank-test-rank")]:
+            assert time.monotonic() < deadline, "a rank of the failed group is still alive"
+            time.sleep(0.2)
+    finally:
+        group.close()
