@@ -65,8 +65,8 @@ def run(quick: bool = False, *, repeats: int | None = None) -> dict[str, Any]:
     import torch
 
     from relax_gym.trainer.actors.hf import HFActor
-    from relax_gym.trainer.policy import build_policy
     from relax_gym.trainer.actors.megatron.actor import MegatronActor
+    from relax_gym.trainer.policy import build_policy
 
     repeats = repeats or (3 if quick else 8)
     batch_size = 8 if quick else 16
@@ -116,7 +116,7 @@ def run_ranks(quick: bool = False, *, steps: int | None = None, cycles: int | No
     import ray
     import torch
 
-    from relax_gym.trainer.actors.megatron.group import RankGroup
+    from relax_gym.trainer.actors.factory import build_actor
     from relax_gym.trainer.algorithms import preset
     from relax_gym.trainer.policy import build_policy
     from relax_gym.trainer.run.seeds import seed_everything
@@ -149,7 +149,7 @@ def run_ranks(quick: bool = False, *, steps: int | None = None, cycles: int | No
                 cfg = _rank_config(parallel)
                 seed_everything(cfg.trainer.seed)
                 model, proc = build_policy(cfg.model)
-                group = RankGroup(cfg, model, proc, name=f"bench-ranks-{name}")
+                group = build_actor(cfg, model, proc, group_name=f"bench-ranks-{name}")
                 try:
                     group.rl_step(items, advantages, algo)  # warm-up
                     for _ in range(steps):

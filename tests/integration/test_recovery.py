@@ -124,13 +124,14 @@ def test_carried_stragglers_survive_a_global_restart_and_a_resume(ray_session, t
 
 
 def test_a_dead_rank_of_a_tensor_parallel_actor_restarts_the_run_from_its_last_checkpoint(ray_session, tmp_path):
-    """The megatron actor at tensor parallel 2 (a rank group of two processes); rank 1 is killed when step 3 starts.
-    The group fails as a whole, the actor role turns that into a global restart from the step-2 checkpoint (written
-    by both ranks with dist_checkpointing, read back by a new group), and nothing is lost or trained twice."""
-    steps, run_dir = 3, tmp_path / "run"
-    train([str(RECIPE), *TINY, f"trainer.steps={steps}", "trainer.eval_every=3", "trainer.checkpoint_every=2",
+    """The megatron actor at tensor parallel 2 (a rank group of two processes); rank 1 is killed when step 4 starts
+    (the step-2 checkpoint is complete by then). The group fails as a whole, the actor role turns that into a global
+    restart from the step-2 checkpoint (written by both ranks with dist_checkpointing, read back by a new group),
+    and nothing is lost or trained twice."""
+    steps, run_dir = 4, tmp_path / "run"
+    train([str(RECIPE), *TINY, f"trainer.steps={steps}", "trainer.eval_every=4", "trainer.checkpoint_every=2",
            "roles.bus=inprocess", "actor.backend=megatron", "actor.parallel.tp=2",
-           "faults.inject=[{kind: kill, role: actor, rank: 1, at_step: 3}]", "--run-dir", str(run_dir)])
+           "faults.inject=[{kind: kill, role: actor, rank: 1, at_step: 4}]", "--run-dir", str(run_dir)])
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == steps and summary["restarts_level2"] == 1
@@ -139,6 +140,6 @@ def test_a_dead_rank_of_a_tensor_parallel_actor_restarts_the_run_from_its_last_c
     assert summary["samples_consumed"] == summary["samples_produced"] == steps * P * G
     assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
     rows = step_rows(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert [r["policy_version"] for r in rows] == [2, 3, 4]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["policy_version"] for r in rows] == [2, 3, 4, 5]
     assert (run_dir / "checkpoints" / "step_000002" / "megatron_optimizer" / "metadata.json").is_file()

@@ -3,8 +3,9 @@ one process, from the same seed-0 weights, on one batch of rendered video / audi
 
 - the gathered HF-named weights are bit-identical to the one-process actor's, and so is what an engine process
   receives of them over the DCS's tcp and disk transports;
-- one RL step at tensor parallel 2, at pipeline parallel 2 and at data parallel 2 gives the one-process loss and
-  gradient norm, and the same updated weights, within 1e-4 (AdamW, gradient clipping active);
+- one RL step at tensor parallel 2, at pipeline parallel 2, at data parallel 2 and (the MoE thinker) at expert
+  parallel 2 gives the one-process loss and gradient norm, and the same updated weights, within 1e-4 (AdamW,
+  gradient clipping active); so do the no-grad log-probs;
 - a checkpoint written at that layout (weights and optimizer, ``dist_checkpointing``) loads into the one-process
   actor: the same weights exactly, and the next step from there equals the group's next step within 1e-4;
 - a rank that dies fails the group as a whole, with one error naming the rank.
@@ -17,19 +18,22 @@ import time
 import pytest
 import torch
 
+from relax_gym.trainer.actors.factory import build_actor
 from relax_gym.trainer.actors.megatron.actor import MegatronActor
-from relax_gym.trainer.actors.megatron.group import RankGroup, RankGroupError, rank_actor_name
+from relax_gym.trainer.actors.megatron.group import RankGroupError, rank_actor_name
 from relax_gym.trainer.algorithms import preset
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.policy import build_policy
 from relax_gym.trainer.run.seeds import seed_everything
 from relax_gym.trainer.tools.megatron_check import TOLERANCE, rl_batch
 
-LAYOUTS = {"tp2": {"tp": 2}, "pp2": {"pp": 2}, "dp2": {"dp": 2}}
+LAYOUTS = {"tp2": {"tp": 2}, "pp2": {"pp": 2}, "dp2": {"dp": 2}, "ep2": {"dp": 2, "ep": 2}}  # ep2: the MoE thinker
 
 
 def _config(parallel: dict[str, int]) -> RelaxConfig:
-    return RelaxConfig.model_validate({"actor": {"backend": "megatron", "lr": 1e-3, "micro_batch_size": 4,
+    family = "qwen3_omni_moe" if parallel.get("ep", 1) > 1 else "qwen2_5_omni"
+    return RelaxConfig.model_validate({"model": {"family": family},
+                                       "actor": {"backend": "megatron", "lr": 1e-3, "micro_batch_size": 4,
                                                  "grad_clip": 1.0, "parallel": parallel}})
 
 
@@ -54,11 +58,13 @@ def test_a_step_across_ranks_equals_the_one_process_step(ray_session, tmp_path, 
     algo = preset("grpo")
     seed_everything(cfg.trainer.seed)
     model, processor = build_policy(cfg.model)
-    group = RankGroup(cfg, model, processor)
+    group = build_actor(cfg, model, processor)
     try:
         assert [r["rank"] for r in group.layout] == [0, 1]
         start = group.state_dict()
         assert all(torch.equal(start[k], v) for k, v in one.state_dict().items()), "gathered weights differ"
+        scored, reference = group.logprobs(items), one.logprobs(items)  # no-grad scoring: all stages, all data ranks
+        assert max(float((a - b).abs().max()) for a, b in zip(scored, reference)) <= TOLERANCE
 
         m_group = group.rl_step(items, advantages, algo)
         m_one = one.rl_step(items, advantages, algo)
@@ -98,7 +104,7 @@ def test_weights_pushed_from_a_tensor_parallel_group_reach_an_engine_bit_identic
     one = _one_process(cfg)
     seed_everything(cfg.trainer.seed)
     model, processor = build_policy(cfg.model)
-    group = RankGroup(cfg, model, processor)
+    group = build_actor(cfg, model, processor)
     engine = spawn_engine(PolicyConfig(seed=1), weight_receiver=GroupReceiver())
     try:
         names = checkpoint_names(group.hf_template)
@@ -120,7 +126,7 @@ def test_a_dead_rank_fails_the_whole_group_with_its_name(ray_session):
     cfg = _config({"dp": 2})
     seed_everything(cfg.trainer.seed)
     model, processor = build_policy(cfg.model)
-    group = RankGroup(cfg, model, processor, name="dead-rank-test")
+    group = build_actor(cfg, model, processor, group_name="dead-rank-test")
     try:
         ray = ray_session
         ray.kill(ray.get_actor(rank_actor_name("dead-rank-test", 1)), no_restart=True)

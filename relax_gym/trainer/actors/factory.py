@@ -30,11 +30,17 @@ def build_actor(cfg: "RelaxConfig", model: Any, processor: Any, *, group_name: s
         import megatron.core  # noqa: F401
     except ImportError as exc:
         raise RuntimeError(f"actor.backend=megatron needs megatron-core (pip install 'relax-gym[megatron]'): {exc}") from None
-    if a.parallel.world > 1 or a.parallel.launcher == "ray":  # one process per rank: a Ray rank group
-        from relax_gym.trainer.actors.megatron.group import RankGroup
-
-        return RankGroup(cfg, model, processor, name=group_name)  # type: ignore[return-value]
-    from relax_gym.trainer.actors.megatron.actor import MegatronActor
     from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
 
-    return MegatronActor(model, processor, parallel=ParallelSizes.of(a.parallel), seed=cfg.trainer.seed, **kwargs)
+    sizes = ParallelSizes.of(a.parallel)
+    if a.parallel.world > 1 or a.parallel.launcher == "ray":  # one process per rank: a Ray rank group
+        from relax_gym.trainer.actors.megatron.group import RankGroup, RankSpec
+
+        routing_replay = kwargs.pop("routing_replay")
+        spec = RankSpec(policy=cfg.model, sizes=sizes, optimizer=kwargs, routing_replay=routing_replay,
+                        seed=cfg.trainer.seed, num_cpus_per_rank=a.parallel.num_cpus_per_rank,
+                        num_gpus_per_rank=a.parallel.num_gpus_per_rank)
+        return RankGroup(spec, model, processor, name=group_name)  # type: ignore[return-value]
+    from relax_gym.trainer.actors.megatron.actor import MegatronActor
+
+    return MegatronActor(model, processor, parallel=sizes, seed=cfg.trainer.seed, **kwargs)

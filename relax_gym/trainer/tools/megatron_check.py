@@ -130,7 +130,7 @@ def run_group_check(device: str) -> dict[str, Any]:
     import ray
 
     from relax_gym.trainer.actors.megatron.actor import MegatronActor
-    from relax_gym.trainer.actors.megatron.group import RankGroup
+    from relax_gym.trainer.actors.factory import build_actor
     from relax_gym.trainer.algorithms import preset
     from relax_gym.trainer.config import RelaxConfig
     from relax_gym.trainer.policy import build_policy
@@ -148,7 +148,7 @@ def run_group_check(device: str) -> dict[str, Any]:
         seed_everything(0)
         model, processor = build_policy(cfg.model)
         t0 = time.perf_counter()
-        group = RankGroup(cfg, model, processor)
+        group = build_actor(cfg, model, processor)
         start_s = time.perf_counter() - t0
         seed_everything(0)
         reference, _ = build_policy(cfg.model)

@@ -1,6 +1,6 @@
 """The sharded Megatron actor as one object: a Ray rank group behind the actor surface of one process.
 
-    group = RankGroup(cfg, model, processor)   # world = tp * pp * dp processes, placed by a Ray placement group
+    group = RankGroup(spec, model, processor)  # world = tp * pp * dp processes, placed by a Ray placement group
     group.rl_step(items, advantages, algo)     # every rank gets the call; the answer is one rank's (see below)
     group.state_dict()                         # whole tensors under HF names, gathered from the ranks
     group.close()                              # the ranks end and the placement group is removed
@@ -8,8 +8,8 @@
 Placement: one bundle per rank (``actor.parallel.num_cpus_per_rank`` CPUs, ``num_gpus_per_rank`` GPUs), packed on
 as few nodes as possible. The ranks meet at a TCP store on rank 0: over loopback when every rank is on rank 0's
 node (always, on one machine), at rank 0's node address otherwise. Each rank process
-(:class:`RankWorker`) seeds as the trainer does, builds the same policy from the config and converts it to its
-shard (:class:`~relax_gym.trainer.actors.megatron.rank_actor.RankActor`): gloo on a CPU, nccl on a GPU.
+(:class:`RankWorker`) builds the same policy from the policy config (its weights come from ``model.seed``) and
+converts it to its shard (:class:`~relax_gym.trainer.actors.megatron.rank_actor.RankActor`): gloo on a CPU, nccl on a GPU.
 
 Answers: the log-probs, weights and checkpoints every rank agrees on come from rank 0; step metrics come from the
 last rank (the last pipeline stage computes the loss; its data-parallel peers' sums are folded in); a streamed
@@ -23,14 +23,34 @@ role turns it into a level-2 restart (the run resumes from its last checkpoint w
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["RankGroup", "RankGroupError", "RankWorker", "rank_actor_name"]
+from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
+from relax_gym.trainer.policy import PolicyConfig
+
+__all__ = ["RankGroup", "RankGroupError", "RankSpec", "RankWorker", "rank_actor_name"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What every rank needs to build its part of the actor (``build_actor`` makes it from the run's config)."""
+
+    policy: PolicyConfig
+    sizes: ParallelSizes
+    optimizer: dict[str, Any] = field(default_factory=dict)  # lr, betas, weight_decay, grad_clip, micro_batch_size
+    routing_replay: bool = False
+    seed: int = 0  # megatron-core's model-parallel RNG tracker
+    num_cpus_per_rank: float = 1.0
+    num_gpus_per_rank: float = 0.0
 
 
 class RankGroupError(RuntimeError):
@@ -45,12 +65,10 @@ def rank_actor_name(group_name: str, rank: int) -> str:
 class RankWorker:
     """One rank's process (a Ray actor): joins the group, holds a :class:`RankActor`, runs the calls it gets."""
 
-    def __init__(self, cfg: dict[str, Any], rank: int, torch_threads: int) -> None:
-        from relax_gym.trainer.config import RelaxConfig
-
+    def __init__(self, spec: RankSpec, rank: int, torch_threads: int) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         torch.set_num_threads(max(1, torch_threads))
-        self.cfg = RelaxConfig.model_validate(cfg)
+        self.spec = spec
         self.rank = rank
         self.actor: Any = None
 
@@ -75,17 +93,12 @@ class RankWorker:
         from relax_gym.trainer.actors.megatron import runtime
         from relax_gym.trainer.actors.megatron.rank_actor import RankActor
         from relax_gym.trainer.policy import build_policy
-        from relax_gym.trainer.run.seeds import seed_everything
 
-        cfg = self.cfg
-        a = cfg.actor
-        sizes = runtime.ParallelSizes.of(a.parallel)
-        runtime.join_group(sizes, rank=self.rank, master_addr=master_addr, master_port=master_port, seed=cfg.trainer.seed)
-        seed_everything(cfg.trainer.seed)
-        model, processor = build_policy(cfg.model)
-        self.actor = RankActor(model.train(), processor, parallel=sizes, seed=cfg.trainer.seed, lr=a.lr,
-                               betas=a.betas, weight_decay=a.weight_decay, grad_clip=a.grad_clip,
-                               micro_batch_size=a.micro_batch_size, routing_replay=cfg.algorithm.routing_replay)
+        spec = self.spec
+        runtime.join_group(spec.sizes, rank=self.rank, master_addr=master_addr, master_port=master_port, seed=spec.seed)
+        model, processor = build_policy(spec.policy)
+        self.actor = RankActor(model.train(), processor, parallel=spec.sizes, seed=spec.seed,
+                               routing_replay=spec.routing_replay, **spec.optimizer)
         return {"rank": self.rank, "tp": ps.get_tensor_model_parallel_rank(), "pp": ps.get_pipeline_model_parallel_rank(),
                 "dp": ps.get_data_parallel_rank(), "ep": ps.get_expert_model_parallel_rank(),
                 "parameters": sum(p.numel() for p in self.actor.model.parameters())}
@@ -114,18 +127,18 @@ class RankWorker:
 
 
 class RankGroup:
-    """The megatron actor of ``cfg`` (``actor.parallel``) as a Ray rank group. ``model``: this process's HF policy
-    (built from the same config; it gives the names and config of the weights, and :meth:`hf_model` copies)."""
+    """The megatron actor of ``spec`` as a Ray rank group. ``model``: this process's HF policy (built from the same
+    policy config; it gives the names and config of the weights, and :meth:`hf_model` copies)."""
 
-    def __init__(self, cfg: Any, model: torch.nn.Module, processor: Any, *, name: str | None = None) -> None:
+    def __init__(self, spec: RankSpec, model: torch.nn.Module, processor: Any, *, name: str | None = None) -> None:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        p = cfg.actor.parallel
-        self.world = p.world
+        p = spec
+        self.world = spec.sizes.world
         self.processor = processor
-        self.micro_batch_size = cfg.actor.micro_batch_size
+        self.micro_batch_size = spec.optimizer.get("micro_batch_size", 32)
         self._template = model
         self._error: str | None = None
         self._started_ray = False
@@ -150,7 +163,7 @@ class RankGroup:
                            max_concurrency=2,  # a memory probe may come while a step runs
                            scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=r),
                            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}})
-            .remote(cfg.model_dump(mode="json"), r, threads)
+            .remote(spec, r, threads)
             for r in range(self.world)]
         try:
             node, node_ip, port = self._wait([self.workers[0].address.remote()], "address")[0]
@@ -262,13 +275,13 @@ class RankGroup:
             try:
                 ray.kill(w, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
-                pass
+                log.debug("killing a rank of %s failed", self.name, exc_info=True)
         self.workers = []
         if getattr(self, "_pg", None) is not None:
             try:
                 remove_placement_group(self._pg)
             except Exception:  # noqa: BLE001 - the cluster is going away
-                pass
+                log.debug("removing the placement group of %s failed", self.name, exc_info=True)
             self._pg = None
 
     def close(self) -> None:
@@ -279,7 +292,7 @@ class RankGroup:
             try:
                 ray.get([w.close.remote() for w in self.workers], timeout=60)
             except Exception:  # noqa: BLE001 - a rank that cannot close cleanly is killed below
-                pass
+                log.debug("a rank of %s did not close cleanly", self.name, exc_info=True)
         self._kill()
         if self._started_ray and ray.is_initialized():
             ray.shutdown()

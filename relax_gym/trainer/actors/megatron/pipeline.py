@@ -40,10 +40,11 @@ def _positions(thinker: Any, batch: dict[str, Any]) -> torch.Tensor:
 
 
 def pipeline_logprobs(thinker: Any, batch: dict[str, Any], blocked: torch.Tensor, temperature: float,
-                      loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None) -> torch.Tensor | None:
+                      loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+                      ) -> tuple[torch.Tensor | None, torch.Size]:
     """Run ``batch`` (a collated micro-batch with its ``loss_mask``) through every stage; with ``loss_of`` also
-    backward. Returns the next-token log-probs (B, T-1) on the last stage, None on the others. A collective over
-    the pipeline group: every stage calls it with the same batch."""
+    backward. Returns the next-token log-probs (B, T-1) on the last stage (None on the others) and their shape. A
+    collective over the pipeline group: every stage calls it with the same batch."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     batch = dict(batch)
@@ -78,5 +79,5 @@ def pipeline_logprobs(thinker: Any, batch: dict[str, Any], blocked: torch.Tensor
     get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([None]), model=gpt,
                                 num_microbatches=1, seq_length=length, micro_batch_size=rows,
                                 forward_only=loss_of is None)
-    return answer.get("lps")
+    return answer.get("lps"), targets.shape
 

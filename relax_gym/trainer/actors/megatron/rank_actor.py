@@ -69,8 +69,19 @@ class RankActor(MegatronActor):
     def _forward_backward(self, chunk: Sequence[Any], temperature: float, loss_of: Any) -> torch.Tensor | None:
         if self.pp == 1:
             return super()._forward_backward(chunk, temperature, loss_of)
-        lps = pipeline_logprobs(self.model, self._collate(chunk), self._blocked, temperature, loss_of)
+        lps, _ = pipeline_logprobs(self.model, self._collate(chunk), self._blocked, temperature, loss_of)
         return None if lps is None else lps.cpu()
+
+    def forward_logprobs(self, items: Sequence[Any], temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """As the one-process actor's; across pipeline stages without gradients (training goes through
+        :meth:`_forward_backward`), every stage answering the last stage's log-probs."""
+        if self.pp == 1:
+            return super().forward_logprobs(items, temperature)
+        batch = self._collate(items)
+        mask = batch["loss_mask"][:, 1:].float().cpu()
+        with torch.no_grad():
+            lps = self._from_last_stage(*pipeline_logprobs(self.model, batch, self._blocked, temperature, None))
+        return lps, mask
 
     @torch.no_grad()
     def logprobs(self, items: Sequence[Any], temperature: float = 1.0) -> list[torch.Tensor]:
@@ -84,12 +95,7 @@ class RankActor(MegatronActor):
             idx = self._my_part(range(start, min(start + self.micro_batch_size, len(items))))
             if not idx:
                 continue
-            chunk = [items[i] for i in idx]
-            if self.pp == 1:
-                lps, _ = self.forward_logprobs(chunk, temperature)
-            else:
-                lps = self._from_last_stage(pipeline_logprobs(self.model, self._collate(chunk), self._blocked,
-                                                              temperature, None), chunk)
+            lps, _ = self.forward_logprobs([items[i] for i in idx], temperature)
             mine.update(zip(idx, lps))
         if self.dp > 1:
             parts: list[dict[int, torch.Tensor] | None] = [None] * self.dp
@@ -98,14 +104,13 @@ class RankActor(MegatronActor):
                 mine.update(part or {})
         return [mine[i] for i in range(len(items))]
 
-    def _from_last_stage(self, lps: torch.Tensor | None, chunk: Sequence[Any]) -> torch.Tensor:
-        """The last pipeline stage's log-probs of ``chunk``, on every stage (a broadcast over the pipeline group)."""
+    def _from_last_stage(self, lps: torch.Tensor | None, shape: torch.Size) -> torch.Tensor:
+        """The last pipeline stage's log-probs (``shape``), on every stage (a broadcast over the pipeline group)."""
         import torch.distributed as dist
 
         ps = self._ps
         if lps is None:
-            rows, length = len(chunk), max(len(it.input_ids) for it in chunk)
-            lps = torch.empty(rows, length - 1, device=self.device)
+            lps = torch.empty(shape, device=self.device)
         lps = lps.to(self.device).contiguous()
         dist.broadcast(lps, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
         return lps.cpu()
@@ -178,9 +183,9 @@ class RankActor(MegatronActor):
     # -- checkpoints: every rank writes its shards, the processor once ---------------------------------------------
 
     def save_checkpoint(self, directory: Any) -> Any:
-        import torch.distributed as dist
         from pathlib import Path
 
+        import torch.distributed as dist
         from megatron.core import dist_checkpointing
 
         out = Path(directory)

@@ -73,14 +73,24 @@ def tied_output_weight(gpt: nn.Module) -> bool:
     return bool(gpt.share_embeddings_and_output_weights and gpt.post_process and not gpt.pre_process)
 
 
+_LOCAL_EXPERT = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.")
+
+
 def global_parameter_names(gpt: nn.Module) -> dict[int, str]:
-    """``id(parameter)`` -> its name in the whole decoder (global layer number; the tied copy of the table on the
-    last stage named as the table): the same name for the same weight at any parallel layout."""
+    """``id(parameter)`` -> its name in the whole decoder (global layer number, global expert number under expert
+    parallel; the tied copy of the table on the last stage named as the table): the same name for the same weight
+    at any parallel layout."""
     numbers = _layer_numbers(gpt)
+    experts = {i: list(getattr(layer.mlp, "local_expert_indices", []))
+               for i, layer in enumerate(gpt.decoder.layers)}
     names = {}
     for name, param in gpt.named_parameters():
         if name == "output_layer.weight" and tied_output_weight(gpt):
             name = "embedding.word_embeddings.weight"
+        m = _LOCAL_EXPERT.match(name)
+        if m is not None and experts.get(int(m.group(1))):
+            layer, local = int(m.group(1)), int(m.group(2))
+            name = f"decoder.layers.{layer}.mlp.experts.local_experts.{experts[layer][local]}.{name[m.end():]}"
         names[id(param)] = _renumber(name, numbers)
     return names
 
