@@ -91,9 +91,13 @@ class HFActor:
             return
         ids = batch["input_ids"]
         recorded = batch_routing(records, ids.shape[1], *self.routing)
-        with replay_routing(self.model, recorded if self.routing_replay else None, batch=ids.shape[0]) as trace:
+        with self._replay_routing(recorded if self.routing_replay else None, ids.shape[0]) as trace:
             yield
         self.routing_counts.add(recorded, trace.natural, trace.used, batch["attention_mask"].bool())
+
+    def _replay_routing(self, recorded: torch.Tensor | None, rows: int) -> Any:
+        """The context that forces ``recorded`` (None: only traces) on this backend's routers for one forward."""
+        return replay_routing(self.model, recorded, batch=rows)
 
     def _routing_metrics(self) -> dict[str, float]:
         metrics, self.routing_counts = self.routing_counts.metrics(), RoutingCounts()

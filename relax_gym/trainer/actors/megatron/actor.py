@@ -26,8 +26,6 @@ anything above 1 is refused with one clear error (:mod:`~relax_gym.trainer.actor
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,21 +82,9 @@ class MegatronActor(HFActor):
             return moe.reduce_and_clip_gradients(self.model, self.grad_clip)
         return super()._clip_gradients()
 
-    @contextlib.contextmanager
-    def _routing(self, items: Sequence[Any], batch: dict[str, torch.Tensor]):
-        """As :meth:`HFActor._routing`, on megatron-core's routers (:func:`~.replay.replay_routing`)."""
-        from relax_gym.trainer.policy.routing import batch_routing
-
-        records = [getattr(it, "routed_experts", None) for it in items]
-        if self.routing is None or all(r is None for r in records):
-            yield
-            return
-        ids = batch["input_ids"]
-        recorded = batch_routing(records, ids.shape[1], *self.routing)
-        with megatron_replay.replay_routing(self.model, recorded if self.routing_replay else None,
-                                            batch=ids.shape[0]) as trace:
-            yield
-        self.routing_counts.add(recorded, trace.natural, trace.used, batch["attention_mask"].bool())
+    def _replay_routing(self, recorded: torch.Tensor | None, rows: int) -> Any:
+        """As :meth:`HFActor._replay_routing`, on megatron-core's routers (:func:`~.replay.replay_routing`)."""
+        return megatron_replay.replay_routing(self.model, recorded, batch=rows)
 
     # -- weights under HF names ----------------------------------------------------------------------------------
 

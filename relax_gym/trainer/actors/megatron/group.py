@@ -142,8 +142,7 @@ class RankGroup:
         self._template = model
         self._error: str | None = None
         self._started_ray = False
-        if not ray.is_initialized():
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        if not ray.is_initialized():  # colocate mode: a local Ray for the ranks (auth as the user set RAY_AUTH_MODE)
             ray.init(num_cpus=max(os.cpu_count() or 1, int(self.world * p.num_cpus_per_rank) + 1),
                      include_dashboard=False, log_to_driver=False, configure_logging=False, namespace="relax-gym")
             self._started_ray = True

@@ -82,12 +82,17 @@ def acquire(sizes: ParallelSizes = ParallelSizes(), *, seed: int = 0) -> torch.d
     """Make sure megatron-core's parallel state exists with ``sizes``; returns the device models go on. A failed
     call leaves nothing of its own behind (with no other user, what it set up is torn down again)."""
     with _LOCK:
-        try:
-            return _acquire_locked(sizes, seed)
-        except BaseException:
-            if _USERS == 0:
-                _teardown_locked()
-            raise
+        return _acquire_or_undo(sizes, seed)
+
+
+def _acquire_or_undo(sizes: ParallelSizes, seed: int) -> torch.device:
+    """:func:`_acquire_locked`; on failure, with no other user, tear down what was set up (under ``_LOCK``)."""
+    try:
+        return _acquire_locked(sizes, seed)
+    except BaseException:
+        if _USERS == 0:
+            _teardown_locked()
+        raise
 
 
 def _acquire_locked(sizes: ParallelSizes, seed: int) -> torch.device:
@@ -151,7 +156,7 @@ def join_group(sizes: ParallelSizes, *, rank: int, master_addr: str, master_port
 
     import torch.distributed as dist
 
-    global _USERS, _OWN_GROUP
+    global _OWN_GROUP
     with _LOCK:
         if dist.is_initialized():
             raise RuntimeError("this process is already in a torch.distributed group; a rank joins exactly one")
@@ -164,12 +169,7 @@ def join_group(sizes: ParallelSizes, *, rank: int, master_addr: str, master_port
             dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{master_addr}:{master_port}",
                                     rank=rank, world_size=sizes.world, timeout=datetime.timedelta(seconds=timeout_s))
         _OWN_GROUP = True
-        try:
-            return _acquire_locked(sizes, seed)
-        except BaseException:
-            if _USERS == 0:
-                _teardown_locked()
-            raise
+        return _acquire_or_undo(sizes, seed)
 
 
 def release() -> None:
