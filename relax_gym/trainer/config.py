@@ -88,7 +88,7 @@ class ParallelSection(_Section):
     cp: int = Field(default=1, ge=1)  # context parallel: refused (needs CUDA attention kernels; see runtime.py)
     # auto: world size 1 trains in this process, more ranks in a Ray rank group; ray: a rank group even for one rank
     launcher: Literal["auto", "ray"] = "auto"
-    num_cpus_per_rank: float = Field(default=1.0, ge=0)  # Ray placement-group bundle per rank
+    num_cpus_per_rank: float = Field(default=1.0, gt=0)  # Ray placement-group bundle per rank (never empty)
     num_gpus_per_rank: float = Field(default=0.0, ge=0)  # 1 on a GPU cluster (nccl); 0 on a CPU (gloo)
 
     @property

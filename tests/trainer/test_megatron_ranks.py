@@ -2,7 +2,7 @@
 one process, from the same seed-0 weights, on one batch of rendered video / audio / image episodes:
 
 - the gathered HF-named weights are bit-identical to the one-process actor's, and so is what an engine process
-  receives of them over the DCS's tcp and disk transports;
+  receives of them over the DCS's tcp and disk transports (dense layouts: the engine serves the dense thinker);
 - one RL step at tensor parallel 2, at pipeline parallel 2, at data parallel 2 and (the MoE thinker) at expert
   parallel 2 gives the one-process loss and gradient norm, and the same updated weights, within 1e-4 (AdamW,
   gradient clipping active); so do the no-grad log-probs;
@@ -49,8 +49,38 @@ def _max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
+@pytest.fixture(scope="module")
+def engine():
+    """An engine process that takes DCS pushes (one for every layout: each push replaces all its weights)."""
+    from relax_gym.trainer.dcs.group import GroupReceiver
+    from relax_gym.trainer.engines.process import spawn_engine
+    from relax_gym.trainer.policy import PolicyConfig
+
+    process = spawn_engine(PolicyConfig(seed=1), weight_receiver=GroupReceiver())
+    yield process
+    process.stop()
+
+
+def _push_reaches_the_engine_bit_identical(group, expected_state: dict[str, torch.Tensor], engine) -> None:
+    """Push the group's gathered weights to ``engine`` over tcp, then disk; the engine's SHA-256 of every tensor
+    equals that of ``expected_state`` (what the one-process actor would push)."""
+    from relax_gym.trainer.dcs import DCSClient, DCSCoordinator, checkpoint_names
+    from relax_gym.trainer.dcs.group import tensor_digest
+    from relax_gym.trainer.engines.client import EngineClient
+
+    names = checkpoint_names(group.hf_template)
+    expected = {names[k]: tensor_digest(v) for k, v in expected_state.items()}
+    with EngineClient(engine.url, timeout=60) as client:
+        for transport in ("tcp", "disk"):
+            version = int(client.get_weight_version() or 0) + 1
+            coordinator = DCSCoordinator([engine.url], bucket_mb=0.25, transport=transport, version=version - 1)
+            with DCSClient(coordinator, names=names) as dcs:
+                assert dcs.push(group.state_dict(), version=version).engines == 1
+            assert client.weights_checksum(list(expected)) == expected, transport
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_a_step_across_ranks_equals_the_one_process_step(ray_session, tmp_path, layout):
+def test_a_step_across_ranks_equals_the_one_process_step(ray_session, tmp_path, engine, layout):
     cfg = _config(LAYOUTS[layout])
     one = _one_process(cfg)
     items = rl_batch(one.processor, per_env=2)  # 6 episodes, 3 groups; micro-batches of 4 and 2
@@ -63,6 +93,8 @@ def test_a_step_across_ranks_equals_the_one_process_step(ray_session, tmp_path, 
         assert [r["rank"] for r in group.layout] == [0, 1]
         start = group.state_dict()
         assert all(torch.equal(start[k], v) for k, v in one.state_dict().items()), "gathered weights differ"
+        if cfg.model.family == "qwen2_5_omni":  # the engine process serves the dense thinker
+            _push_reaches_the_engine_bit_identical(group, one.state_dict(), engine)
         scored, reference = group.logprobs(items), one.logprobs(items)  # no-grad scoring: all stages, all data ranks
         assert max(float((a - b).abs().max()) for a, b in zip(scored, reference)) <= TOLERANCE
 
@@ -89,35 +121,6 @@ def test_a_step_across_ranks_equals_the_one_process_step(ray_session, tmp_path, 
         finally:
             resumed.close()
     finally:
-        group.close()
-        one.close()
-
-
-def test_weights_pushed_from_a_tensor_parallel_group_reach_an_engine_bit_identical(ray_session):
-    from relax_gym.trainer.dcs import DCSClient, DCSCoordinator, checkpoint_names
-    from relax_gym.trainer.dcs.group import GroupReceiver, tensor_digest
-    from relax_gym.trainer.engines.client import EngineClient
-    from relax_gym.trainer.engines.process import spawn_engine
-    from relax_gym.trainer.policy import PolicyConfig
-
-    cfg = _config({"tp": 2})
-    one = _one_process(cfg)
-    seed_everything(cfg.trainer.seed)
-    model, processor = build_policy(cfg.model)
-    group = build_actor(cfg, model, processor)
-    engine = spawn_engine(PolicyConfig(seed=1), weight_receiver=GroupReceiver())
-    try:
-        names = checkpoint_names(group.hf_template)
-        expected = {names[k]: tensor_digest(v) for k, v in one.state_dict().items()}  # what one process pushes
-        with EngineClient(engine.url, timeout=60) as client:
-            for version, transport in enumerate(("tcp", "disk"), start=1):
-                coordinator = DCSCoordinator([engine.url], bucket_mb=0.25, transport=transport, version=0)
-                with DCSClient(coordinator, names=names) as dcs:
-                    report = dcs.push(group.state_dict(), version=version)
-                assert report.engines == 1
-                assert client.weights_checksum(list(expected)) == expected, transport
-    finally:
-        engine.stop()
         group.close()
         one.close()
 

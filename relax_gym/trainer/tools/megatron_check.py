@@ -121,13 +121,8 @@ def run_group_check(device: str) -> dict[str, Any]:
     """The rank-group path at world size 1 (``actor.parallel.launcher=ray``: a Ray placement group, one rank
     process, the process group multi-GPU runs make) against the in-process actor: the same gathered weights, bit
     for bit, and one RL step to the same loss and weights within the tolerance."""
-    import os as _os
-
-    import torch
-
-    os_env = _os.environ
-    os_env.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
+    import torch
 
     from relax_gym.trainer.actors.megatron.actor import MegatronActor
     from relax_gym.trainer.actors.factory import build_actor

@@ -135,19 +135,18 @@ class RankGroup:
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        p = spec
         self.world = spec.sizes.world
         self.processor = processor
         self.micro_batch_size = spec.optimizer.get("micro_batch_size", 32)
         self._template = model
         self._error: str | None = None
         self._started_ray = False
-        if not ray.is_initialized():  # colocate mode: a local Ray for the ranks (auth as the user set RAY_AUTH_MODE)
-            ray.init(num_cpus=max(os.cpu_count() or 1, int(self.world * p.num_cpus_per_rank) + 1),
+        if not ray.is_initialized():  # colocate mode: a local Ray for the ranks (Ray's own auth defaults)
+            ray.init(num_cpus=max(os.cpu_count() or 1, int(self.world * spec.num_cpus_per_rank) + 1),
                      include_dashboard=False, log_to_driver=False, configure_logging=False, namespace="relax-gym")
             self._started_ray = True
         self.name = name or f"relax-actor-{os.getpid()}-{id(self):x}"
-        bundle = {"CPU": p.num_cpus_per_rank, **({"GPU": p.num_gpus_per_rank} if p.num_gpus_per_rank else {})}
+        bundle = {"CPU": spec.num_cpus_per_rank, **({"GPU": spec.num_gpus_per_rank} if spec.num_gpus_per_rank else {})}
         self._pg = placement_group([dict(bundle) for _ in range(self.world)], strategy="PACK")
         try:
             ray.get(self._pg.ready(), timeout=300)
@@ -156,9 +155,10 @@ class RankGroup:
             raise RankGroupError(f"the {self.world} rank(s) of actor.parallel do not fit the Ray cluster "
                                  f"({bundle} each): {type(exc).__name__}: {exc}") from exc
         remote = ray.remote(RankWorker)
-        threads = max(1, int(p.num_cpus_per_rank))
+        threads = max(1, int(spec.num_cpus_per_rank))
         self.workers = [
-            remote.options(num_cpus=p.num_cpus_per_rank, num_gpus=p.num_gpus_per_rank, name=rank_actor_name(self.name, r),
+            remote.options(num_cpus=spec.num_cpus_per_rank, num_gpus=spec.num_gpus_per_rank,
+                           name=rank_actor_name(self.name, r),
                            max_concurrency=2,  # a memory probe may come while a step runs
                            scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=r),
                            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}})
