@@ -54,6 +54,12 @@ def test_a_single_process_cannot_hold_a_tensor_parallel_group():
     assert not dist.is_initialized() and megatron_runtime.active_users() == 0
 
 
+def test_the_one_process_actor_refuses_a_layout_of_several_ranks_before_anything_is_set_up():
+    with pytest.raises(ValueError, match=r"has 2 ranks: use RankActor on each rank"):
+        MegatronActor(*build_policy(), lr=1e-3, parallel=ParallelSizes(data=2, expert=2))
+    assert not dist.is_initialized() and megatron_runtime.active_users() == 0
+
+
 def test_the_first_actor_sets_megatron_core_up_and_the_last_close_tears_it_down():
     assert not dist.is_initialized() and megatron_runtime.active_users() == 0
     first = MegatronActor(*build_policy(), lr=1e-3)

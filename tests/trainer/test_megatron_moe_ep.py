@@ -5,16 +5,18 @@ The harness starts 2 processes (``torch.multiprocessing.spawn``) that join one g
 127.0.0.1 (a free port; ``GLOO_SOCKET_IFNAME=lo``) and set up megatron-core with tensor = pipeline = 1 and
 expert_model_parallel_size = 2: data parallel 2, and expert parallel 2 carved out of it, so rank r holds experts
 4r .. 4r+3 of each layer. As a launcher would, the harness sets up megatron-core's parallel state before it builds the
-actor; the actor's runtime then uses it as it is. Both ranks get the same batch (the demonstration episodes), so the
-mean of the two ranks' losses is the one-process loss:
+actor (a :class:`~relax_gym.trainer.actors.megatron.rank_actor.RankActor`, as each rank of a rank group holds); the
+actor's runtime then uses it as it is. Both ranks get the same batch (the demonstration episodes) and, under expert
+parallel, both forward all of it (the all-gather dispatcher needs equal token counts), so the mean of the two ranks'
+losses is the one-process loss:
 
 - log-probs: every rank's equal the one-process ones (within 1e-4); tokens of both ranks pass through the experts of
   both ranks (the all-gather dispatcher), so a wrong expert placement or a lost reduce-scatter would show;
 - HF-named weights: gathered from both ranks, they equal the HF thinker's bit for bit;
 - one RL step (plain SGD, gradient clipping at 1.0 active): non-expert gradients averaged over the data-parallel
-  group, expert gradients divided by the data-parallel size (each already sums both ranks' losses), the clip by the
-  global norm (:func:`~relax_gym.trainer.actors.megatron.moe.reduce_and_clip_gradients`): the same loss, gradient
-  norm and updated weights as expert parallel 1 (within 1e-4).
+  group, expert gradients divided by the data-parallel size (each already sums both ranks' tokens), the clip by the
+  global norm (``RankActor._reduce_gradients`` / ``_clip_gradients``): the same loss, gradient norm and updated
+  weights as expert parallel 1 (within 1e-4).
 """
 
 from __future__ import annotations
@@ -68,8 +70,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from relax_gym.trainer.actors.megatron.actor import MegatronActor
     from relax_gym.trainer.actors.megatron.cpu_patch import apply_cpu_patch
+    from relax_gym.trainer.actors.megatron.rank_actor import RankActor
     from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
 
     apply_cpu_patch()
@@ -80,8 +82,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         assert parallel_state.get_data_parallel_world_size() == WORLD
         assert parallel_state.get_expert_model_parallel_rank() == rank
         model, processor = build_policy(CFG)
-        actor = MegatronActor(model, processor, lr=1e-3, micro_batch_size=2,
-                              parallel=ParallelSizes(data=WORLD, expert=WORLD))  # the layout made above
+        actor = RankActor(model, processor, lr=1e-3, micro_batch_size=2,
+                          parallel=ParallelSizes(data=WORLD, expert=WORLD))  # the layout made above
         try:
             held = list(actor.model.model.language_model.gpt.decoder.layers[0].mlp.local_expert_indices)
             result = _run_actor(actor, _batch(processor))

@@ -62,10 +62,7 @@ class HFActor:
         those positions alone when the model exposes its body and head (``model.model`` / ``model.lm_head``, as
         transformers' causal LMs do): a completion is a few tokens of a long multimodal prompt, so this skips
         almost all of the (tokens x vocabulary) logits."""
-        batch = self.processor.collate(items, padding_side="right")
-        device = next(self.model.parameters()).device  # a GPU model: the forward runs there, the loss on the CPU
-        if device.type != "cpu":
-            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        batch = self._collate(items)
         mask = batch.pop("loss_mask")[:, 1:]
         targets = batch["input_ids"][:, 1:]
         where = mask.bool()
@@ -76,11 +73,16 @@ class HFActor:
                 logits = head(hidden[where])
             else:
                 logits = self.model(**batch).logits[:, :-1][where]
-        if len(self._blocked):
-            logits = logits.index_fill(-1, self._blocked.to(device), float("-inf"))
-        picked = token_logprobs(logits, targets[where], temperature=temperature)
-        lps = torch.zeros(targets.shape, dtype=picked.dtype, device=device).masked_scatter(where, picked)
+        lps = masked_logprobs(logits, targets, where, self._blocked, temperature)
         return lps.cpu(), mask.to(lps.dtype).cpu()
+
+    def _collate(self, items: Sequence[Any]) -> dict[str, Any]:
+        """A right-padded micro-batch on the model's device (a GPU model: the forward runs there, the loss on the CPU)."""
+        batch = self.processor.collate(list(items), padding_side="right")
+        device = next(self.model.parameters()).device
+        if device.type != "cpu":
+            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        return batch
 
     @contextlib.contextmanager
     def _routing(self, items: Sequence[Any], batch: dict[str, torch.Tensor]):
@@ -315,6 +317,16 @@ class HFActor:
 
     def close(self) -> None:
         """Nothing to release (the megatron backend tears down its process group here)."""
+
+
+def masked_logprobs(logits: torch.Tensor, targets: torch.Tensor, where: torch.Tensor, blocked: torch.Tensor,
+                    temperature: float) -> torch.Tensor:
+    """Log-probs (B, T-1) of ``targets`` from ``logits`` of the ``where`` positions only (0 elsewhere), with the
+    ``blocked`` token ids -- those the sampler never emits -- masked to -inf first."""
+    if len(blocked):
+        logits = logits.index_fill(-1, blocked.to(logits.device), float("-inf"))
+    picked = token_logprobs(logits, targets[where], temperature=temperature)
+    return torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device).masked_scatter(where, picked)
 
 
 def _chunks(xs: list, n: int) -> list[list]:

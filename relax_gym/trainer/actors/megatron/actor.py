@@ -17,11 +17,11 @@ this backend adds is where the model comes from and how its weights leave it:
 MoE thinkers (``model.family=qwen3_omni_moe``) convert to megatron-core MoE layers
 (:mod:`~relax_gym.trainer.actors.megatron.moe`, :mod:`~relax_gym.trainer.actors.megatron.qwen3_omni`); items'
 recorded experts are measured and, with ``routing_replay``, replayed on megatron-core's routers
-(:mod:`~relax_gym.trainer.actors.megatron.replay`). Under expert parallelism (megatron-core set up by a launcher
-with ``expert_model_parallel_size`` > 1) gradients are reduced across ranks before clipping (:meth:`_clip_gradients`).
+(:mod:`~relax_gym.trainer.actors.megatron.replay`).
 
-Tensor / pipeline / context parallel sizes come from the config; this trainer runs its actor in one process, so
-anything above 1 is refused with one clear error (:mod:`~relax_gym.trainer.actors.megatron.runtime`).
+This class trains in one process. A layout of more ranks (``actor.parallel``) is trained by its subclass
+:class:`~relax_gym.trainer.actors.megatron.rank_actor.RankActor`, one per rank, which shares out the batch and
+sums the gradients over the ranks; asked for more than one rank, this class refuses with an error naming it.
 """
 
 from __future__ import annotations
@@ -47,11 +47,17 @@ THINKERS = ("qwen2_5_omni_thinker", "qwen3_omni_moe_thinker")  # model.family qw
 
 
 class MegatronActor(HFActor):
+    SHARDED = False  # whether this class shares a step out over ranks (RankActor does)
+
     def __init__(self, model: nn.Module, processor: Any, *, parallel: ParallelSizes = ParallelSizes(), seed: int = 0,
                  **kwargs: Any) -> None:
         if getattr(model, "config", None) is None or getattr(model.config, "model_type", "") not in THINKERS:
             raise ValueError(f"actor.backend=megatron converts Qwen2.5-Omni thinkers (model.family=qwen2_5_omni) and "
                              f"Qwen3-Omni MoE thinkers (model.family=qwen3_omni_moe); got {type(model).__name__}")
+        if parallel.world > 1 and not self.SHARDED:
+            raise ValueError(f"MegatronActor trains in one process; {parallel} has {parallel.world} ranks: use "
+                             "RankActor on each rank (relax_gym.trainer.actors.megatron.rank_actor), as the rank group "
+                             "does")
         routing_replay = kwargs.pop("routing_replay", False)  # MoE: set below, on the Megatron routers
         self._closed = True
         self.device = megatron_runtime.acquire(parallel, seed=seed)
@@ -73,14 +79,6 @@ class MegatronActor(HFActor):
         except BaseException:
             self.close()
             raise
-
-    def _clip_gradients(self) -> torch.Tensor:
-        """Expert parallel: reduce the gradients across ranks, then clip by the global norm (moe.py)."""
-        from relax_gym.trainer.actors.megatron import moe
-
-        if moe.expert_parallel_size() > 1:
-            return moe.reduce_and_clip_gradients(self.model, self.grad_clip)
-        return super()._clip_gradients()
 
     def _replay_routing(self, recorded: torch.Tensor | None, rows: int) -> Any:
         """As :meth:`HFActor._replay_routing`, on megatron-core's routers (:func:`~.replay.replay_routing`)."""
@@ -162,7 +160,8 @@ class MegatronActor(HFActor):
                 out.append((names[id(p)], p, sharded[id(p)]))
         return out
 
-    def _sharded_optimizer_state(self) -> tuple[dict[str, Any], dict[str, float]]:
+    def _sharded_optimizer_state(self, optimised: list[tuple[str, torch.nn.Parameter, Any]]
+                                 ) -> tuple[dict[str, Any], dict[str, float]]:
         """AdamW's moments as sharded tensors keyed like their parameters (``optimizer.exp_avg.<key>``), so they
         load at another parallel layout as the weights do; and each parameter's step count by its layout-free name.
         A parameter without state yet gets zero moments and step 0 -- what AdamW starts from, so it steps exactly
@@ -171,7 +170,7 @@ class MegatronActor(HFActor):
 
         moments: dict[str, Any] = {}
         steps: dict[str, float] = {}
-        for name, p, sharded in self._optimised():
+        for name, p, sharded in optimised:
             state = self.optimizer.state[p]
             if not state:
                 state.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
@@ -187,7 +186,7 @@ class MegatronActor(HFActor):
         import torch.distributed as dist
         from megatron.core import dist_checkpointing
 
-        moments, steps = self._sharded_optimizer_state()
+        moments, steps = self._sharded_optimizer_state(self._optimised())
         everyone: list[dict[str, float] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, steps)
         merged = {k: v for part in everyone for k, v in (part or {}).items()}
@@ -202,11 +201,12 @@ class MegatronActor(HFActor):
         source = Path(directory) / OPTIMIZER_DIR
         if not (source / "metadata.json").is_file():
             raise FileNotFoundError(f"{source} holds no megatron optimizer checkpoint (no metadata.json)")
-        moments, _ = self._sharded_optimizer_state()
+        optimised = self._optimised()
+        moments, _ = self._sharded_optimizer_state(optimised)
         loaded = dist_checkpointing.load({"moments": moments, "steps": {}}, str(source))
         steps = loaded["steps"]
         with torch.no_grad():
-            for name, p, _ in self._optimised():
+            for name, p, _ in optimised:
                 if name not in steps:
                     raise KeyError(f"the optimizer checkpoint in {source} has no step count for {name!r}")
                 state = self.optimizer.state[p]

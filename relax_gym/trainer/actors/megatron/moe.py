@@ -46,7 +46,7 @@ import torch
 
 __all__ = ["MoEShape", "decoder_hf_to_megatron", "decoder_megatron_to_hf", "expert_parallel_size",
            "gather_expert_shards", "hf_to_megatron_experts", "is_expert_key", "is_moe", "layer_spec", "local_experts",
-           "megatron_to_hf_experts", "moe_config_fields", "reduce_and_clip_gradients", "shard_experts"]
+           "megatron_to_hf_experts", "moe_config_fields", "shard_experts"]
 
 
 def is_moe(text_config: Any) -> bool:
@@ -257,50 +257,3 @@ def decoder_megatron_to_hf(mc: Mapping[str, torch.Tensor], text_config: Any, *, 
     out = megatron_to_hf(mc, DecoderShape.of(text_config), prefix=prefix, lm_head=lm_head, dense_mlp=False)
     out.update(megatron_to_hf_experts(ranks, MoEShape.of(text_config), prefix=prefix))
     return out
-
-
-# -- expert-parallel training: gradients ----------------------------------------------------------------------------
-
-def reduce_and_clip_gradients(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
-    """Make the accumulated gradients of an expert-parallel model those of the mean of the data-parallel ranks'
-    losses, clip them by their global norm, and return that norm (the same on every rank).
-
-    megatron-core carves expert parallel out of data parallel: each rank runs the whole model except the experts on
-    its own micro-batches, and the all-gather token dispatcher sends every rank's tokens through the experts of every
-    expert-parallel rank. So after backward
-
-    - a non-expert gradient is the gradient of the rank's own loss: averaged over the data-parallel group, as
-      megatron-core's DDP does (a rank that saw the same batch as the others keeps its gradient);
-    - an expert gradient already sums the losses of every rank of the expert-parallel group (their tokens all went
-      through it): divided by the data-parallel size, and summed over the expert-data-parallel group (the ranks that
-      hold the same experts; size data-parallel / expert-parallel, 1 when they are equal).
-
-    The global norm adds the squared norms of the (replicated) non-expert gradients once and those of every rank's
-    experts; the clip coefficient is torch's ``clip_grad_norm_`` one."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    dp_group = parallel_state.get_data_parallel_group()
-    dp = dist.get_world_size(dp_group)
-    ep_group = parallel_state.get_expert_model_parallel_group()
-    edp_group = parallel_state.get_expert_data_parallel_group()
-    dense, experts = [], []
-    for name, p in model.named_parameters():
-        if p.grad is not None:
-            (experts if is_expert_key(name) else dense).append(p.grad)
-    for grad in dense:
-        dist.all_reduce(grad, group=dp_group)
-        grad.div_(dp)
-    for grad in experts:
-        grad.div_(dp)
-        if dist.get_world_size(edp_group) > 1:
-            dist.all_reduce(grad, group=edp_group)
-    zero = torch.zeros((), dtype=torch.float32)
-    dense_sq = sum((g.float().pow(2).sum() for g in dense), zero)
-    expert_sq = sum((g.float().pow(2).sum() for g in experts), zero.clone())
-    dist.all_reduce(expert_sq, group=ep_group)
-    norm = (dense_sq + expert_sq).sqrt()
-    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-    for grad in dense + experts:
-        grad.mul_(coef.to(grad.dtype))
-    return norm

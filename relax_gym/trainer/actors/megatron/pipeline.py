@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from relax_gym.trainer.algorithms import token_logprobs
+from relax_gym.trainer.actors.hf import masked_logprobs
 
 __all__ = ["pipeline_logprobs"]
 
@@ -65,10 +65,7 @@ def pipeline_logprobs(thinker: Any, batch: dict[str, Any], blocked: torch.Tensor
 
         def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, dict]:
             logits = thinker.lm_head(output.transpose(0, 1)[:, :-1][where])
-            if len(blocked):
-                logits = logits.index_fill(-1, blocked.to(logits.device), float("-inf"))
-            picked = token_logprobs(logits, targets[where], temperature=temperature)
-            lps = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device).masked_scatter(where, picked)
+            lps = masked_logprobs(logits, targets, where, blocked, temperature)
             answer["lps"] = lps.detach()
             if loss_of is None:
                 return lps.sum() * 0.0, {}

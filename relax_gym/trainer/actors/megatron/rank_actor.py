@@ -22,8 +22,12 @@ the same calls with the same arguments. What each rank does with them:
   once (replicated tensors on tensor rank 0 only, the tied copy of the table not at all), summed over the model
   parallel group -- so every rank clips by the same factor as one process would.
 
-Parameters megatron-core marks ``allreduce = False`` (the experts of an MoE layer under expert parallel) are
-summed over the expert data-parallel group instead.
+- **expert parallel**: megatron-core's all-gather token dispatcher (the one that builds on a CPU) gathers the
+  tokens of the expert-parallel ranks into equal-sized buffers, so those ranks must forward batches of one shape:
+  under ``ep > 1`` every data rank forwards the whole micro-batch instead of its share. A non-expert gradient is
+  then the same on every data rank (averaged over them); an expert's (megatron-core marks its parameters
+  ``allreduce = False``) already sums the tokens of every rank the dispatcher sent through it: divided by the
+  data-parallel size and summed over the ranks that hold the same experts.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ __all__ = ["RankActor"]
 
 class RankActor(MegatronActor):
     """A :class:`~relax_gym.trainer.actors.megatron.actor.MegatronActor` on one rank of a joined process group
-    (:func:`~relax_gym.trainer.actors.megatron.runtime.join_group` first)."""
+    (:func:`~relax_gym.trainer.actors.megatron.runtime.join_group` first, or a launcher's group)."""
+
+    SHARDED = True
 
     def __init__(self, model: torch.nn.Module, processor: Any, **kwargs: Any) -> None:
         super().__init__(model, processor, **kwargs)
@@ -53,18 +59,12 @@ class RankActor(MegatronActor):
         self.dp_rank, self.dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.pp = ps.get_pipeline_model_parallel_world_size()
-        self.last_stage = ps.is_pipeline_last_stage()
+        self.split = ps.get_expert_model_parallel_world_size() == 1  # data ranks share the batch out (see above)
 
     # -- which items this rank forwards, and how ------------------------------------------------------------------
 
     def _my_part(self, indices: Sequence[int]) -> list[int]:
-        return list(indices)[self.dp_rank :: self.dp]
-
-    def _collate(self, chunk: Sequence[Any]) -> dict[str, Any]:
-        batch = self.processor.collate(list(chunk), padding_side="right")
-        if self.device.type != "cpu":
-            batch = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        return batch
+        return list(indices)[self.dp_rank :: self.dp] if self.split else list(indices)
 
     def _forward_backward(self, chunk: Sequence[Any], temperature: float, loss_of: Any) -> torch.Tensor | None:
         if self.pp == 1:
@@ -97,7 +97,7 @@ class RankActor(MegatronActor):
                 continue
             lps, _ = self.forward_logprobs([items[i] for i in idx], temperature)
             mine.update(zip(idx, lps))
-        if self.dp > 1:
+        if self.dp > 1 and self.split:
             parts: list[dict[int, torch.Tensor] | None] = [None] * self.dp
             dist.all_gather_object(parts, mine, group=self._ps.get_data_parallel_group())
             for part in parts:
@@ -132,8 +132,14 @@ class RankActor(MegatronActor):
         experts = [p for p in params if not getattr(p, "allreduce", True)]
         if self.dp > 1:
             _sum_flat(dense, ps.get_data_parallel_group())
-        if experts and ps.get_expert_data_parallel_world_size() > 1:
-            _sum_flat(experts, ps.get_expert_data_parallel_group())
+            if not self.split:  # every data rank forwarded the whole batch: the mean, not the sum
+                for p in dense:
+                    p.grad.div_(self.dp)
+        if experts:
+            for p in experts:
+                p.grad.div_(self.dp)  # each token reached its experts once per data rank that forwarded it
+            if ps.get_expert_data_parallel_world_size() > 1:
+                _sum_flat(experts, ps.get_expert_data_parallel_group())
         gpt = gpt_of(self.model)
         if self.pp > 1 and gpt.share_embeddings_and_output_weights and ps.is_rank_in_embedding_group():
             table = gpt.shared_embedding_or_output_weight()
@@ -170,7 +176,7 @@ class RankActor(MegatronActor):
     def _sum_over_data(self, values: dict[str, float]) -> dict[str, float]:
         import torch.distributed as dist
 
-        if self.dp == 1:
+        if self.dp == 1 or not self.split:  # unsplit: every data rank has the whole batch's sums already
             return values
         parts: list[dict[str, float] | None] = [None] * self.dp
         dist.all_gather_object(parts, dict(values), group=self._ps.get_data_parallel_group())
