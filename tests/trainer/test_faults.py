@@ -25,10 +25,19 @@ def section(*inject: dict, seed: int = 0) -> FaultsSection:
     ("faults.inject=[{kind: engine_error, at_step: 0}]", "faults.inject.0.engine_error.at_step"),
     ("faults.inject=[{kind: sandbox_hang, probability: 1.5}]", "faults.inject.0.sandbox_hang.probability"),
     ("faults.injekt=[]", "unknown key 'faults.injekt' (did you mean 'faults.inject'?)"),
+    ("faults.inject=[{kind: kill, role: inference, rank: 1, at_step: 2}]", "names a rank of the actor's group, not of "
+                                                                          "role 'inference'"),
 ])
 def test_bad_fault_specs_are_one_clear_error(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_recipe(None, [override])
+
+
+def test_killing_an_actor_rank_that_does_not_exist_names_it(ray_session):
+    from relax_gym.trainer.async_engine.recovery import RecoveryError, kill_rank
+
+    with pytest.raises(RecoveryError, match=r"no actor rank named 'no-such-run-actor-rank3' to kill"):
+        kill_rank("no-such-run-actor", 3)
 
 
 def test_killing_a_reference_the_run_does_not_deploy_is_refused():
