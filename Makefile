@@ -1,4 +1,4 @@
-# One command each: `make test` (set-up + test suite), `make play` (set-up + the main job).
+# One command each: `make test` (set-up + test suite), `make train` (set-up + the main job: RL from the cached base), `make play` (an env).
 # Set-up makes .venv with the CPU torch wheel installed first and pinned (constraints.txt), so nothing
 # later pulls a multi-GB CUDA build, then installs relax-gym with its test extra.
 PYTHON ?= python3

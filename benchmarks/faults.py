@@ -79,7 +79,8 @@ def run(quick: bool = False, *, steps: int | None = None) -> dict[str, Any]:
     if steps < 6:
         raise ValueError(f"the fault plan needs at least 6 steps (kills at steps 1-4, the actor at step {steps - 1}); got {steps}")
     p, g = (2, 2) if quick else (4, 4)
-    common = [f"trainer.steps={steps}", f"trainer.prompts_per_step={p}", f"trainer.group_size={g}", "trainer.mode=async",
+    # from a random policy, as its figures always were (recovery, not learning; and no 5-minute base build)
+    common = ["model.base=null", f"trainer.steps={steps}", f"trainer.prompts_per_step={p}", f"trainer.group_size={g}", "trainer.mode=async",
               "trainer.max_staleness=1", "algorithm.kl_coef=0.05", "trainer.sft_warmup_steps=2", "trainer.sft_batch_size=4",
               f"trainer.eval_every={steps}", "trainer.eval_episodes=4", "trainer.checkpoint_every=2",
               "trainer.time_budget_s=null", "inference.max_new_tokens=8", "metrics.tensorboard=false",

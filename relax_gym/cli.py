@@ -17,6 +17,8 @@ app = typer.Typer(help="relax-gym: omni-modal agentic RL environments and traine
 envs_app = typer.Typer(help="List, inspect, check and play environments.", no_args_is_help=True)
 app.add_typer(envs_app, name="envs")
 sandbox_app = typer.Typer(help="Sandboxes for tool code: build the base image, diagnose backends.", no_args_is_help=True)
+base_app = typer.Typer(help="Base models: what a run starts from before RL (model.base), built once and cached.", no_args_is_help=True)
+app.add_typer(base_app, name="base")
 app.add_typer(sandbox_app, name="sandbox")
 
 
@@ -259,6 +261,52 @@ def sandbox_build_image(
     console.print(f"built {tag or DEFAULT_IMAGE} ({image_id})")
 
 
+@base_app.command("list")
+def base_list() -> None:
+    """The named bases a recipe can start from (model.base) and whether each is built for the default sizes."""
+    from relax_gym.trainer.base.spec import BASES
+
+    table = Table("base", "steps", "corpora (share of a batch)", "about", box=None)
+    for name, spec in sorted(BASES.items()):
+        table.add_row(name, str(spec.steps), ", ".join(f"{c} {w:.0%}" for c, w in spec.corpora.items()), spec.about)
+    console.print(table)
+
+
+@base_app.command("build", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def base_build(
+    recipe: Annotated[Path | None, typer.Argument(help="YAML recipe whose model section names the base and its sizes")] = None,
+    overrides: Annotated[list[str] | None, typer.Argument(help="dotted overrides, e.g. model.base=tiny-omni", show_default=False)] = None,
+) -> None:
+    """Build the recipe's model.base into the cache now (a run would build it on first use) and print its time,
+    its held-out caption accuracy and its path. A second call finds it in the cache."""
+    import time
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from relax_gym.trainer.base.build import ensure_base
+    from relax_gym.trainer.config import ConfigError, load_recipe
+
+    try:
+        cfg = load_recipe(recipe, list(overrides or []))
+    except ConfigError as exc:
+        raise _fail(str(exc), 2) from None
+    if cfg.model.base is None:
+        raise _fail(f"{recipe or 'the default recipe'} names no model.base; pass model.base=NAME "
+                    "(relax-gym base list shows the names)", 2)
+    start = time.perf_counter()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as progress:
+        task = progress.add_task(f"base {cfg.model.base}", total=None, info="")
+
+        def on_event(event: str, data: dict) -> None:
+            if event == "base_step":
+                progress.update(task, total=data["of"], completed=data["step"], info=f"nll {data['sft_nll']:.3f}")
+
+        info = ensure_base(cfg.model.base, cfg.model, progress=on_event)
+    console.print(_base_line({"name": info.name, "path": str(info.path), "built": info.built, "report": info.report}))
+    console.print(f"{time.perf_counter() - start:.1f} s in this call")
+
+
 @app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def train(
     recipe: Annotated[Path | None, typer.Argument(help="YAML recipe (default: recipes/cpu-nextqa.yaml settings)")] = None,
@@ -297,11 +345,16 @@ def train(
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
     with Progress(*columns, console=console) as progress:
+        base = progress.add_task(f"base {cfg.model.base}", total=None, info="", visible=False)
         sft = progress.add_task("sft warm-up", total=cfg.trainer.sft_warmup_steps, info="")
         rl = progress.add_task("rl", total=cfg.trainer.steps, info="", start=False)
 
         def on_event(event: str, data: dict) -> None:
-            if event == "sft":
+            if event == "base_step":  # model.base is being built (once; then it comes from the cache)
+                progress.update(base, visible=True, total=data["of"], completed=data["step"], info=f"nll {data['sft_nll']:.3f}")
+            elif event == "base":
+                console.print(_base_line(data))
+            elif event == "sft":
                 progress.update(sft, completed=data["step"], info=f"nll {data['sft_nll']:.3f}")
             elif event == "eval":
                 parts = [f"{k[len('eval_'):]} {v:.3f}" for k, v in data.items()  # the reward and its components
@@ -329,6 +382,13 @@ def train(
             trainer.close()
     console.print(f"run dir: {run_dir}")
     console.print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()))
+
+
+def _base_line(data: dict) -> str:
+    r = data["report"]
+    acc = " ".join(f"{k} {v:.2f}" for k, v in r.get("held_caption_accuracy", {}).items())
+    how = f"built in {r['seconds']['total']:.0f} s" if data["built"] else "from the cache"
+    return f"base {data['name']}: {how} (held-out caption accuracy: {acc}) at {data['path']}"
 
 
 @app.command("plot")

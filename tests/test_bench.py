@@ -205,6 +205,12 @@ SAMPLES = {
          "eval_accuracy_end": 0.2, "best_eval_reward": 0.25, "best_step": 8, "run_dir": "runs/x"}],
         "engine": {"batch": 8, "new_tokens": 32, "plain_tok_s": 2589.0, "engine_tok_s": 2526.0, "http_tok_s": 1773.0,
                    "engine_over_plain": 0.98, "http_over_plain": 0.68}},
+    "convergence": {"modes": {m: {"steps": 120, "steps_per_hour": sph, "speedup": sph / 1500, "eval_reward_start": 0.29,
+                                  "eval_reward_end": end, "best_eval_reward": end, "curve": [[0, 60.0, 0.29], [120, 400.0, end]],
+                                  "run_dir": "r"} for m, sph, end in (("colocate", 1500, 0.8), ("async S=0", 1300, 0.78),
+                                                                      ("async S=2 carry", 1900, 0.81))},
+                    "targets": {"final eval rewards within +-0.05 of each other": True, "every final eval reward >= 0.6": True},
+                    "workload": {"recipe": "recipes/cpu-nextqa.yaml", "steps": 120, "seed": 0, "quick": False}},
     "modes": {"modes": {m: {"steps": 4, "steps_per_hour": s, "speedup": s / 271, "eval_reward_end": 0.09,
                             "data_wait_fraction": None, **({"samples_discarded_stale": 24} if "carry" in m else {})}
                         for m, s in (("colocate", 271.0), ("async S=0", 262.0), ("async S=2", 469.0), ("async S=2 carry", 650.0))},
@@ -261,7 +267,7 @@ def test_specific_rows_carry_the_ratio_and_the_reason():
     assert rows["docker backend"].value == "unavailable" and "start dockerd" in rows["docker backend"].note
     assert rows["python3 -c pass: bwrap exec / bare subprocess"].ratio == "1.12x"
     learning = summarise("learning", SAMPLES["learning"]).rows
-    assert "NOT the 15-minute learning figure" in learning[0].note and learning[0].ratio == "+0.020"
+    assert "NOT the 10-minute learning figure" in learning[0].note and learning[0].ratio == "+0.020"
     modes = {r.figure: r for r in summarise("modes", SAMPLES["modes"]).rows}
     assert modes["target: async S=2 >= 2x colocate steps/hour"].value == "NOT met"
     assert "data wait n/a" in modes["steps/hour, colocate (4 steps)"].note

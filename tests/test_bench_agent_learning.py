@@ -3,23 +3,17 @@ watch-coverage pass (the figures of a smoke run say nothing about learning); and
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "agent_learning.py"
+from tests.benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("agent_learning", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["agent_learning"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("agent_learning")
 
 
 def call(name: str, **arguments) -> str:

@@ -22,7 +22,7 @@ FORBIDDEN = {
 }
 
 # The trainer's units (a folder, or one of the root modules) and the units each may import. Read bottom-up:
-# algorithms <- policy <- {engines, actors} <- {rollout, dcs} <- config <- run <- {colocate, async_engine} <- train.
+# algorithms <- policy <- {engines, actors} <- {rollout, dcs, base} <- config <- run <- {colocate, async_engine} <- train.
 # Only async_engine uses the data bus; nothing imports tools (python -m entry points).
 LOW = {"algorithms", "faults", "databus"}
 ALLOWED: dict[str, set[str]] = {
@@ -34,16 +34,18 @@ ALLOWED: dict[str, set[str]] = {
     "actors": {"policy", "algorithms"},
     "rollout": {"policy", "algorithms", "engines"},  # the episode runner speaks the engine's protocol
     "dcs": {"policy", "algorithms", "actors"},  # never engines: engines get their receiving end injected
-    "config": {"algorithms", "faults", "policy", "engines"},
-    "run": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config"},
-    "colocate": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run"},
-    "async_engine": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "databus"},
-    "train": {"config", "colocate", "async_engine"},
-    "tools": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "colocate",
+    "base": {"policy", "algorithms", "actors", "engines"},  # the base stage: a captioning SFT before any run
+    "config": {"algorithms", "faults", "policy", "engines", "base"},
+    "run": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "base"},
+    "colocate": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "base"},
+    "async_engine": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "databus",
+                     "base"},
+    "train": {"config", "colocate", "async_engine", "base"},
+    "tools": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "colocate", "base",
               "async_engine", "databus"},
 }
 # relax_gym packages outside the trainer each unit may use (only the episode-running and driving units meet envs)
-ENVS_USERS = {"rollout", "run", "colocate", "async_engine", "tools"}
+ENVS_USERS = {"rollout", "run", "colocate", "async_engine", "tools", "base"}
 ROOT_UNITS = {"config_loader": "config"}  # root modules that belong to another unit
 
 

@@ -60,7 +60,7 @@ def markdown(results: list[BenchResult], sums: dict[str, Summary], *, command: s
              "by every `relax-gym bench --all` run; the sections above are written by hand from full runs.")
     if "--quick" in command:
         about += (" These are quick-mode figures: smaller samples than the sections above, and the learning row is a "
-                  "short smoke run, not the 15-minute learning figure.")
+                  "short smoke run, not the 10-minute learning figure.")
     lines = [
         "## Latest `relax-gym bench` run (generated)",
         "",

@@ -92,11 +92,14 @@ def sandbox(f: dict[str, Any]) -> Summary:
 
 def learning(f: dict[str, Any]) -> Summary:
     s = Summary()
-    note = ("quick: a short smoke run, NOT the 15-minute learning figure" if f.get("quick")
+    note = ("quick: a short smoke run, NOT the 10-minute learning figure" if f.get("quick")
             else f"recipe {f.get('recipe', '?')}")
+    if f.get("load"):
+        note += f", {f['load']} busy-loop process(es) beside it"
     for r in f["seeds"]:
+        at10 = f"; {r['eval_at_10min']:.3f} at 10 min" if "eval_at_10min" in r else ""
         s.rows.append(Row(f"held-out eval reward, seed {r['seed']} ({r['steps']} steps, {r['minutes']:.1f} min)",
-                          f"{r['eval_reward_start']:.3f} -> {r['eval_reward_end']:.3f}", f"{r['gain']:+.3f}", note))
+                          f"{r['eval_reward_start']:.3f} -> {r['eval_reward_end']:.3f}", f"{r['gain']:+.3f}", note + at10))
     e = f.get("engine")
     if e:
         s.rows.append(Row("engine tok/s: EmbeddedEngine / model.generate", f"{e['engine_tok_s']:.0f} / {e['plain_tok_s']:.0f}",
@@ -122,6 +125,20 @@ def modes(f: dict[str, Any]) -> Summary:
         s.rows.append(Row(f"target: {target}", "met" if met else "NOT met"))
     s.bars.append(Bars(f"trainer modes ({w.get('steps', '?')} steps, tool latency)", "RL steps per hour", list(f["modes"]),
                        {"steps/hour": [r["steps_per_hour"] for r in f["modes"].values()]}))
+    return s
+
+
+def convergence(f: dict[str, Any]) -> Summary:
+    s = Summary()
+    w = f.get("workload", {})
+    note = "quick: a smoke run from a random policy, NOT the convergence figure" if w.get("quick") else "x colocate steps/hour"
+    for mode, r in f["modes"].items():
+        s.rows.append(Row(f"{mode}: held-out reward after {r['steps']} steps", f"{num(r['eval_reward_start'], '.3f')} -> "
+                          f"{num(r['eval_reward_end'], '.3f')}", times(r["speedup"]), f"{note}; {r['steps_per_hour']:.0f} steps/h"))
+    for target, met in f.get("targets", {}).items():
+        s.rows.append(Row(f"target: {target}", "met" if met else "NOT met"))
+    s.bars.append(Bars(f"final held-out reward by mode ({w.get('steps', '?')} steps, same base and seed)", "reward",
+                       list(f["modes"]), {"end": [r["eval_reward_end"] for r in f["modes"].values()]}))
     return s
 
 
@@ -250,7 +267,7 @@ def generic(f: dict[str, Any], limit: int = 12) -> Summary:
 SUMMARIES: dict[str, Callable[[dict[str, Any]], Summary]] = {
     "env_reset": env_reset, "sandbox": sandbox, "learning": learning, "modes": modes,
     "weight_sync": weight_sync, "databus": databus, "r3": r3, "faults": faults, "megatron_step": megatron_step,
-    "agent_learning": agent_learning,
+    "agent_learning": agent_learning, "convergence": convergence,
 }
 
 

@@ -135,17 +135,25 @@ def sample_root() -> Path:
 
 
 #: Names accepted by ``ensure_sample``.
-SAMPLE_NAMES: tuple[str, ...] = ("nextqa", "avqa", "nextqa-agent", "avqa-agent")
+SAMPLE_NAMES: tuple[str, ...] = ("nextqa", "avqa", "nextqa-agent", "avqa-agent", "video-captions", "audio-image-captions")
 
 
 def _writers() -> dict[str, Callable[[Path], None]]:
     # looked up at call time so the writers can be swapped (e.g. by tests)
+    from relax_gym.envs import synth_captions  # the caption corpora (a base model's pretraining data)
+
     return {"nextqa": write_nextqa_sample, "avqa": write_avqa_sample,
-            "nextqa-agent": write_nextqa_agent_sample, "avqa-agent": write_avqa_agent_sample}
+            "nextqa-agent": write_nextqa_agent_sample, "avqa-agent": write_avqa_agent_sample,
+            "video-captions": synth_captions.write_video_captions,
+            "audio-image-captions": synth_captions.write_audio_image_captions}
 
 
 def sample_version(name: str) -> int:
     """The content version of sample ``name``; its cache folder is ``f"{name}-v{version}"``."""
+    if name.endswith("-captions"):
+        from relax_gym.envs.synth_captions import CAPTION_SAMPLES
+
+        return CAPTION_SAMPLES[name]
     return AGENT_SAMPLE_VERSION if name.endswith("-agent") else SAMPLE_VERSION
 
 

@@ -23,6 +23,7 @@ import relax_gym
 from relax_gym.trainer.actors.factory import build_actor
 from relax_gym.trainer.actors.hf import HFActor
 from relax_gym.trainer.algorithms import group_advantages, identical_reward_groups, zero_advantage_share
+from relax_gym.trainer.run.base_model import resolve_base
 from relax_gym.trainer.run.checkpoint import (TrainerState, eval_history, load_checkpoint, reference_model, restore_rng,
                                               resume_point, save_checkpoint, trainer_state)
 from relax_gym.trainer.config import RelaxConfig
@@ -54,6 +55,8 @@ class ColocateTrainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume = resume_point(self.run_dir, cfg.trainer) if resume else None  # rewinds metrics.jsonl
+        cfg = resolve_base(cfg, self.run_dir, progress)  # model.base: the checkpoint the run starts from
+        self.cfg = cfg
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.progress = progress or (lambda event, data: None)
         seed_everything(cfg.trainer.seed)

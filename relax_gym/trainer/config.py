@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from relax_gym.trainer.algorithms import AlgorithmConfig
+from relax_gym.trainer.base.spec import BASES
 from relax_gym.trainer.config_loader import ConfigError, load_config
 from relax_gym.trainer.faults.schedule import FaultsSection
 from relax_gym.trainer.policy import PolicyConfig
@@ -154,6 +155,10 @@ class TrainerSection(_Section):
     sft_batch_size: int = Field(default=32, ge=1)
     sft_lr: float = Field(default=1e-3, gt=0)
     sft_random_answers: bool = True  # warm up the format only: demonstrations carry random letters
+    # what a demonstration's <think> holds: "empty" (<think></think>) or "describe": the policy's own greedy
+    # description of the episode's media, asked with its base's describe instruction (model.base or a base checkpoint),
+    # so the policy learns to say what it perceives before it answers (relax_gym/trainer/run/warmup.py)
+    sft_think: Literal["empty", "describe"] = "empty"
 
 
 class RoleSection(_Section):
@@ -207,6 +212,8 @@ class RelaxConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> RelaxConfig:
+        if self.model.base is not None and self.model.base not in BASES:
+            raise ValueError(f"model.base={self.model.base!r} is no known base; known: {', '.join(sorted(BASES))}")
         if self.algorithm.name != "sft" and self.trainer.group_size < 2:
             raise ValueError("trainer.group_size must be >= 2 for group-normalised algorithms")
         if self.algorithm.temperature != self.inference.temperature:

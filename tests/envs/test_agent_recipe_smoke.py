@@ -17,13 +17,13 @@ from relax_gym.trainer.run.warmup import demonstration
 from relax_gym.trainer.policy import PolicyConfig, build_policy
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa-agent.yaml"
-SMOKE = ["trainer.steps=3", "trainer.sft_warmup_steps=2", "trainer.eval_episodes=4", "trainer.prompts_per_step=2",
+SMOKE = ["model.base=null", "trainer.steps=3", "trainer.sft_warmup_steps=2", "trainer.eval_episodes=4", "trainer.prompts_per_step=2",
          "trainer.group_size=2"]
 
 
 def test_warm_up_demonstrations_call_the_tool_and_keep_its_video():
     cfg = yaml.safe_load(RECIPE.read_text())
-    _, processor = build_policy(PolicyConfig(**cfg["model"]))
+    _, processor = build_policy(PolicyConfig(**{k: v for k, v in cfg["model"].items() if k != "base"}))  # same tokenizer
     env = relax_gym.make(cfg["env"]["id"], **cfg["env"]["kwargs"])
     rendered = demonstration(env, processor, seed=3, rng=np.random.default_rng(0))
     taught = processor.decode([i for i, m in zip(rendered.input_ids, rendered.loss_mask) if m])

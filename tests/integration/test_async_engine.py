@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa.yaml"
 P, G, STEPS = 2, 2, 3
-TINY = [f"trainer.steps={STEPS}", "trainer.sft_warmup_steps=1", "trainer.sft_batch_size=2", f"trainer.prompts_per_step={P}",
+TINY = ["model.base=null", f"trainer.steps={STEPS}", "trainer.sft_warmup_steps=1", "trainer.sft_batch_size=2", f"trainer.prompts_per_step={P}",
         f"trainer.group_size={G}", "trainer.eval_episodes=2", "trainer.eval_every=2", "trainer.checkpoint_every=3",
         "inference.max_new_tokens=8", "metrics.tensorboard=false", "trainer.mode=async"]
 

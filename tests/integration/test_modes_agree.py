@@ -16,7 +16,7 @@ from relax_gym.cli import app
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa.yaml"
-TINY = ["trainer.steps=3", "trainer.sft_warmup_steps=1", "trainer.sft_batch_size=2", "trainer.prompts_per_step=2",
+TINY = ["model.base=null", "trainer.steps=3", "trainer.sft_warmup_steps=1", "trainer.sft_batch_size=2", "trainer.prompts_per_step=2",
         "trainer.group_size=2", "trainer.eval_episodes=2", "trainer.eval_every=2", "trainer.checkpoint_every=2",
         "inference.max_new_tokens=8", "metrics.tensorboard=false", "trainer.max_staleness=0", "roles.bus=inprocess"]
 # by nature in one mode only: the async actor's versions, staleness, data wait and bus counts; colocate's lr (the

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa.yaml"
 P, G = 2, 2
-TINY = ["trainer.sft_warmup_steps=1", "trainer.sft_batch_size=2", f"trainer.prompts_per_step={P}", f"trainer.group_size={G}",
+TINY = ["model.base=null", "trainer.sft_warmup_steps=1", "trainer.sft_batch_size=2", f"trainer.prompts_per_step={P}", f"trainer.group_size={G}",
         "trainer.eval_episodes=2", "inference.max_new_tokens=8", "metrics.tensorboard=false", "trainer.mode=async",
         "trainer.time_budget_s=null", "roles.health_check_period_s=2"]
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from relax_gym.cli import app
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa.yaml"
-SMALL = ["trainer.steps=2", "trainer.sft_warmup_steps=2", "trainer.sft_batch_size=4", "trainer.prompts_per_step=2",
+SMALL = ["model.base=null", "trainer.steps=2", "trainer.sft_warmup_steps=2", "trainer.sft_batch_size=4", "trainer.prompts_per_step=2",
          "trainer.group_size=2", "trainer.eval_episodes=2", "trainer.eval_every=2", "trainer.checkpoint_every=2",
          "metrics.tensorboard=false"]
 

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from relax_gym.cli import app
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa.yaml"
-SMALL = ["trainer.steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=2", "trainer.eval_episodes=2",
+SMALL = ["model.base=null", "trainer.steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=2", "trainer.eval_episodes=2",
          "trainer.sft_warmup_steps=6", "trainer.sft_batch_size=4", "trainer.prompts_per_step=2", "trainer.group_size=4",
          "trainer.concurrency=1", "trainer.time_budget_s=null", "inference.max_new_tokens=16", "metrics.tensorboard=false",
          "algorithm.negative_advantage_scale=1.0", "algorithm.kl_coef=0.05",
@@ -68,7 +68,7 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path):
     result = runner.invoke(app, ["train", str(RECIPE), "--resume", str(tmp_path)])
     assert result.exit_code == 2 and "pass overrides only" in " ".join(result.output.split())
     run_dir = tmp_path / "run"
-    small = ["trainer.steps=1", "trainer.checkpoint_every=1", "trainer.sft_warmup_steps=0", "trainer.prompts_per_step=1",
+    small = ["model.base=null", "trainer.steps=1", "trainer.checkpoint_every=1", "trainer.sft_warmup_steps=0", "trainer.prompts_per_step=1",
              "trainer.group_size=2", "trainer.eval_episodes=1", "inference.max_new_tokens=4", "metrics.tensorboard=false"]
     assert runner.invoke(app, ["train", str(RECIPE), *small, "--run-dir", str(run_dir)]).exit_code == 0
     result = runner.invoke(app, ["train", "--resume", str(run_dir), "trainer.seed=5"])

@@ -39,7 +39,7 @@ class BreakdownProbe(AgentEnv):
 def test_a_new_envs_reward_components_are_logged_by_name(tmp_path):
     relax_gym.register(ENV_ID, BreakdownProbe, override=True)
     run_dir = tmp_path / "run"
-    args = ["train", str(RECIPE), f"env.id={ENV_ID}", "env.kwargs={}", "env.eval_kwargs={}", "trainer.steps=2",
+    args = ["train", str(RECIPE), "model.base=null", f"env.id={ENV_ID}", "env.kwargs={}", "env.eval_kwargs={}", "trainer.steps=2",
             "trainer.sft_warmup_steps=0", "trainer.prompts_per_step=2", "trainer.group_size=2", "trainer.eval_episodes=2",
             "trainer.eval_every=1", "trainer.checkpoint_every=2", "trainer.time_budget_s=null", "inference.max_new_tokens=8",
             "metrics.tensorboard=false", "--run-dir", str(run_dir)]

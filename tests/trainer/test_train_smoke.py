@@ -13,7 +13,7 @@ from relax_gym.cli import app
 
 # gpu-* recipes launch SGLang and need a checkpoint and GPUs: tests/trainer/test_gpu_recipe.py loads them instead
 RECIPES = sorted(p for p in (Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml") if not p.name.startswith("gpu-"))
-SMALL = ["trainer.steps=3", "trainer.sft_warmup_steps=2", "trainer.sft_batch_size=4", "trainer.prompts_per_step=2",
+SMALL = ["model.base=null", "trainer.steps=3", "trainer.sft_warmup_steps=2", "trainer.sft_batch_size=4", "trainer.prompts_per_step=2",
          "trainer.group_size=2", "trainer.eval_episodes=3", "trainer.eval_every=2", "trainer.checkpoint_every=3",
          "metrics.tensorboard=true"]
 

@@ -51,6 +51,7 @@ from typing import Any
 from relax_gym.trainer.async_engine.carry import CarryFeeder, claim_slot
 from relax_gym.trainer.async_engine.deploy import RoleSpec, Topology, ensure_ray, plan_roles, start_serve
 from relax_gym.trainer.async_engine.ledger import SampleLedger
+from relax_gym.trainer.run.base_model import resolve_base
 from relax_gym.trainer.run.checkpoint import REFERENCE_DIR, CheckpointError, ResumePoint, eval_history, resume_point
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.dcs.push import weight_transport
@@ -89,6 +90,8 @@ class AsyncTrainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume: ResumePoint | None = resume_point(self.run_dir, cfg.trainer) if resume else None  # rewinds metrics
+        cfg = resolve_base(cfg, self.run_dir, progress)  # model.base: the checkpoint the run starts from
+        self.cfg = cfg
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.progress = progress or (lambda event, data: None)
         self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard,

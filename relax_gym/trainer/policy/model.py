@@ -40,6 +40,9 @@ class PolicyConfig(BaseModel):
     # qwen2_5_omni: dense Qwen2.5-Omni thinker; qwen3_omni_moe: Qwen3-Omni MoE thinker (policy/moe.py, routing replay)
     family: Literal["qwen2_5_omni", "qwen3_omni_moe"] = "qwen2_5_omni"
     path: str | None = None  # a checkpoint directory (thinker or full Qwen2.5-Omni) with its processor files
+    # a named base (relax_gym/trainer/base/spec.py): the run starts from that base, built into the cache on first use
+    # with this section's sizes (the trainer turns it into ``path`` before anything loads the policy)
+    base: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0  # weight init seed (random thinker only)
     init_range: float = Field(default=0.1, gt=0)
@@ -77,6 +80,9 @@ class PolicyConfig(BaseModel):
 
     @model_validator(mode="after")
     def _shapes(self) -> PolicyConfig:
+        if self.path is not None and self.base is not None:
+            raise ValueError(f"name either model.path ({self.path!r}) or model.base ({self.base!r}), not both (a recipe "
+                             "that names a base starts from a checkpoint with model.path=DIR model.base=null)")
         if self.path is None:
             if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
                 raise ValueError("hidden_size must divide by num_heads and num_heads by num_kv_heads")
@@ -167,6 +173,9 @@ def build_processor(cfg: PolicyConfig) -> OmniProcessor:
 def build_policy(cfg: PolicyConfig | None = None, **overrides: Any) -> tuple[Qwen2_5OmniThinkerForConditionalGeneration, OmniProcessor]:
     """``(model, processor)``: a tiny random thinker (``cfg.path`` None) or the checkpoint at ``cfg.path``."""
     cfg = (cfg or PolicyConfig()).model_copy(update=overrides) if overrides else (cfg or PolicyConfig())
+    if cfg.base is not None:
+        raise ValueError(f"model.base={cfg.base!r} is not built yet: relax_gym.trainer.base.with_base(policy) turns "
+                         "it into a checkpoint path first")
     if cfg.path is not None:
         return _load(cfg)
     processor = build_processor(cfg)
