@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from _trainer_run import train_once
 from rich.console import Console
 from rich.table import Table
 
@@ -38,18 +39,7 @@ MODES = {
 
 
 def run_mode(mode: str, overrides: list[str], run_dir: Path) -> dict[str, Any]:
-    from relax_gym.trainer.train import build_trainer
-
-    cfg = load_recipe(RECIPE, overrides + MODES[mode])
-    shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends: a rerun must not mix with an old run
-    trainer = build_trainer(cfg, run_dir)
-    try:
-        summary = trainer.run()
-    finally:
-        trainer.close()
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if r["step"] >= 1]
-    loop_s = steps[-1]["elapsed_s"] - (steps[0]["elapsed_s"] - steps[0]["time_step_s"])  # first step start to last end
+    summary, rows, steps, loop_s = train_once(load_recipe(RECIPE, overrides + MODES[mode]), run_dir)
     curve = [(r["step"], r.get("elapsed_s", 0.0), r["eval_reward"]) for r in rows if "eval_reward" in r]
     return {"steps": len(steps), "loop_s": loop_s, "steps_per_hour": 3600.0 * len(steps) / loop_s,
             "eval_reward_start": summary["eval_reward_start"], "eval_reward_end": summary["eval_reward_end"],

@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
+from _trainer_run import train_once
 from rich.console import Console
 from rich.table import Table
 
@@ -59,8 +59,8 @@ def warm_start(seed: int, sft_steps: int, out: Path, demos: int = 64) -> Path:
 
     import relax_gym
     from relax_gym.trainer.actors.hf import HFActor
-    from relax_gym.trainer.run.warmup import demonstration
     from relax_gym.trainer.policy import build_policy, save_policy
+    from relax_gym.trainer.run.warmup import demonstration
 
     target = out / "warm-policy"
     if (target / "config.json").is_file():
@@ -81,20 +81,8 @@ def warm_start(seed: int, sft_steps: int, out: Path, demos: int = 64) -> Path:
 
 
 def run_mode(mode: str, overrides: list[str], run_dir: Path) -> dict[str, Any]:
-    from relax_gym.trainer.colocate import ColocateTrainer
-    from relax_gym.trainer.async_engine.controller import AsyncTrainer
-
     cfg = load_recipe(RECIPE, overrides + MODES[mode])
-    shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends: a rerun must not mix with an old run
-    cls = AsyncTrainer if cfg.trainer.mode == "async" else ColocateTrainer
-    trainer = cls(cfg, run_dir)
-    try:
-        summary = trainer.run()
-    finally:
-        trainer.close()
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if r["step"] >= 1]
-    loop_s = steps[-1]["elapsed_s"] - (steps[0]["elapsed_s"] - steps[0]["time_step_s"])  # first step start to last end
+    summary, rows, steps, loop_s = train_once(cfg, run_dir)
     waited = "data_wait_s" if cfg.trainer.mode == "async" else "time_rollout_s"
     fill = cfg.trainer.max_staleness + 1  # steps before the pipeline is full (S + 1 rollouts in flight)
 

@@ -41,7 +41,7 @@ class Policy(StrEnum):
 
 
 def _registry():
-    import relax_gym.envs.registry as registry
+    from relax_gym.envs import registry
 
     return registry
 
@@ -367,8 +367,8 @@ def train(
                     f"reward {data['reward_mean']:.3f} eval {data['eval_reward']:.3f} "
                     f"{data['time_step_s']:.1f} s/step {data['rollout_tokens_per_s']:.0f} tok/s"))
 
-        from relax_gym.trainer.run.checkpoint import CheckpointError
         from relax_gym.trainer.faults.schedule import InjectedCrash
+        from relax_gym.trainer.run.checkpoint import CheckpointError
 
         try:
             trainer = build_trainer(cfg, run_dir, progress=on_event, resume=resume is not None)

@@ -30,8 +30,15 @@ import soundfile as sf
 
 from relax_gym.envs import synth
 
-__all__ = ["CAPTION_SAMPLES", "CAPTION_SEED", "motion_caption", "count_caption", "audio_image_caption",
-           "write_video_captions", "write_audio_image_captions"]
+__all__ = [
+    "CAPTION_SAMPLES",
+    "CAPTION_SEED",
+    "audio_image_caption",
+    "count_caption",
+    "motion_caption",
+    "write_audio_image_captions",
+    "write_video_captions",
+]
 
 #: Seed of the caption corpora's random streams (the QA samples use 0, 1 and 5).
 CAPTION_SEED = 20_261_201

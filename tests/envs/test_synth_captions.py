@@ -7,8 +7,13 @@ import json
 import numpy as np
 
 from relax_gym.envs import synth
-from relax_gym.envs.synth_captions import (CAPTION_SAMPLES, audio_image_caption, motion_caption, write_audio_image_captions,
-                                           write_video_captions)
+from relax_gym.envs.synth_captions import (
+    CAPTION_SAMPLES,
+    audio_image_caption,
+    motion_caption,
+    write_audio_image_captions,
+    write_video_captions,
+)
 from relax_gym.omni import VideoPart
 
 

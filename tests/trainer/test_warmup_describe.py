@@ -8,7 +8,13 @@ import pytest
 import relax_gym
 from relax_gym.omni import Message, TextPart
 from relax_gym.trainer.policy import PolicyConfig, build_policy
-from relax_gym.trainer.run.warmup import SelfDescriber, demonstration, describe_warmup, warmup_batches, warmup_seeds
+from relax_gym.trainer.run.warmup import (
+    SelfDescriber,
+    demonstration,
+    describe_warmup,
+    warmup_batches,
+    warmup_seeds,
+)
 
 TINY = PolicyConfig(hidden_size=64, intermediate_size=64, num_layers=1, vision_depth=1, vision_embed=32, vision_intermediate=32,
                     audio_layers=1, audio_d_model=32, audio_ffn=32)

@@ -16,7 +16,9 @@ def with_base(policy: Any, progress: Any = None) -> Any:
     (and ``base`` None), building it first when the cache lacks it."""
     if policy.base is None:
         return policy
-    from relax_gym.trainer.base.build import ensure_base  # torch, transformers and the media stack
+    from relax_gym.trainer.base.build import (
+        ensure_base,  # torch, transformers and the media stack
+    )
 
     info = ensure_base(policy.base, policy, progress=progress)
     return policy.model_copy(update={"path": str(info.path), "base": None})

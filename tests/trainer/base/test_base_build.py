@@ -10,7 +10,11 @@ import torch
 from typer.testing import CliRunner
 
 from relax_gym.cli import app
-from relax_gym.envs.synth_captions import CAPTION_SAMPLES, write_audio_image_captions, write_video_captions
+from relax_gym.envs.synth_captions import (
+    CAPTION_SAMPLES,
+    write_audio_image_captions,
+    write_video_captions,
+)
 from relax_gym.trainer.base import spec as spec_module
 from relax_gym.trainer.base.build import base_key, bases_root, ensure_base
 from relax_gym.trainer.base.spec import BaseSpec, describe_prompt
