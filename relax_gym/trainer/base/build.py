@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from relax_gym.envs.synth import sample_root
 from relax_gym.envs.synth_captions import CAPTION_SAMPLES
 from relax_gym.omni.render import render
 from relax_gym.trainer.actors.hf import HFActor
@@ -51,9 +52,8 @@ Progress = Callable[[str, dict[str, Any]], None]
 
 
 def bases_root() -> Path:
-    """``$RELAX_GYM_CACHE/bases`` or ``~/.cache/relax-gym/bases``."""
-    cache = os.environ.get("RELAX_GYM_CACHE")
-    return (Path(cache).expanduser() if cache else Path.home() / ".cache" / "relax-gym") / "bases"
+    """``$RELAX_GYM_CACHE/bases`` or ``~/.cache/relax-gym/bases``: beside the generated samples."""
+    return sample_root().parent / "bases"
 
 
 def policy_shape(policy: PolicyConfig) -> dict[str, Any]:
@@ -85,13 +85,14 @@ def ensure_base(name: str, policy: PolicyConfig, *, root: Path | None = None, sp
             raise ValueError(f"model.base={name!r} is no known base; known: {', '.join(sorted(BASES))}")
         spec = BASES[name]
     root = Path(root) if root is not None else bases_root()
-    final = root / f"{name}-{base_key(spec, policy)}"
+    key = base_key(spec, policy)
+    final = root / f"{name}-{key}"
     if (final / "base.json").is_file():
         return BaseInfo(name, final, False, json.loads((final / "base.json").read_text()))
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
     try:
-        report = _build(name, spec, policy, tmp, progress or (lambda event, data: None))
+        report = _build(name, key, spec, policy, tmp, progress or (lambda event, data: None))
         os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, final)
@@ -106,7 +107,7 @@ def ensure_base(name: str, policy: PolicyConfig, *, root: Path | None = None, sp
     return BaseInfo(name, final, True, report)
 
 
-def _build(name: str, spec: BaseSpec, policy: PolicyConfig, out: Path, progress: Progress) -> dict[str, Any]:
+def _build(name: str, key: str, spec: BaseSpec, policy: PolicyConfig, out: Path, progress: Progress) -> dict[str, Any]:
     start = time.perf_counter()
     corpora = {c: load_corpus(c, video_frames=spec.video_frames) for c in sorted(spec.corpora)}
     t_data = time.perf_counter() - start
@@ -140,7 +141,7 @@ def _build(name: str, spec: BaseSpec, policy: PolicyConfig, out: Path, progress:
     t_train = time.perf_counter() - start - t_data
     accuracy = caption_accuracy(model, processor, held)
     save_policy(model, processor, out)
-    report = {"name": name, "key": out.name.rsplit("-", 1)[-1] if "-" in out.name else "", "spec": spec.model_dump(mode="json"),
+    report = {"name": name, "key": key, "spec": spec.model_dump(mode="json"),
               "shape": policy_shape(policy), "build_version": BUILD_VERSION, "final_sft_nll": nll,
               "seconds": {"data": round(t_data, 1), "train": round(t_train, 1), "total": round(time.perf_counter() - start, 1)},
               "held_caption_accuracy": accuracy,

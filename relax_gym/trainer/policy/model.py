@@ -174,8 +174,8 @@ def build_policy(cfg: PolicyConfig | None = None, **overrides: Any) -> tuple[Qwe
     """``(model, processor)``: a tiny random thinker (``cfg.path`` None) or the checkpoint at ``cfg.path``."""
     cfg = (cfg or PolicyConfig()).model_copy(update=overrides) if overrides else (cfg or PolicyConfig())
     if cfg.base is not None:
-        raise ValueError(f"model.base={cfg.base!r} is not built yet: relax_gym.trainer.base.with_base(policy) turns "
-                         "it into a checkpoint path first")
+        raise ValueError(f"model.base={cfg.base!r} is not built yet: the trainers turn it into a checkpoint path "
+                         "first (relax_gym.trainer.run.base_model.resolve_base)")
     if cfg.path is not None:
         return _load(cfg)
     processor = build_processor(cfg)

@@ -22,8 +22,8 @@ from relax_gym.trainer.config import ConfigError, load_recipe
 from relax_gym.trainer.policy import PolicyConfig, build_policy
 
 RECIPE = str(Path(__file__).resolve().parents[3] / "recipes" / "cpu-nextqa.yaml")
-TINY_POLICY = dict(hidden_size=64, intermediate_size=64, num_layers=1, vision_depth=1, vision_embed=32,
-                   vision_intermediate=32, audio_layers=1, audio_d_model=32, audio_ffn=32)
+TINY_POLICY = {"hidden_size": 64, "intermediate_size": 64, "num_layers": 1, "vision_depth": 1, "vision_embed": 32,
+               "vision_intermediate": 32, "audio_layers": 1, "audio_d_model": 32, "audio_ffn": 32}
 SPEC = BaseSpec(corpora={"video-captions": 0.5, "audio-image-captions": 0.5}, steps=3, batch_size=4, about="test")
 
 
@@ -56,6 +56,7 @@ def test_build_once_then_from_the_cache_and_deterministic(cache, tmp_path):
     assert first.path.parent == bases_root() and first.path.name == f"test-tiny-{base_key(SPEC, policy)}"
     report = json.loads((first.path / "base.json").read_text())
     assert set(report["held_caption_accuracy"]) == {"video-captions", "audio-image-captions"}
+    assert report["key"] == base_key(SPEC, policy) and report["name"] == "test-tiny"
     assert report["saw"]["video-captions"]["train_records"] == 8 and "answer letters" in report["never_saw"]
     assert report["seconds"]["total"] > 0
     again = ensure_base("test-tiny", policy)
