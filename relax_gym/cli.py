@@ -170,6 +170,37 @@ def envs_play(
     console.print(f"mean return over {episodes} episode(s): {total / episodes:.3f}")
 
 
+@envs_app.command("serve")
+def envs_serve(
+    env_id: str,
+    host: Annotated[str, typer.Option(help="address to bind; anything but loopback needs --token")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="0: a free port (the URL printed says which)")] = 0,
+    token: Annotated[str | None, typer.Option(envvar="RELAX_GYM_ENV_TOKEN", show_default=False,
+                                              help="every request must carry 'Authorization: Bearer <token>'")] = None,
+    max_sessions: Annotated[int, typer.Option(min=1, help="env instances open at once")] = 1024,
+    idle_timeout: Annotated[float, typer.Option(min=1, help="seconds after which an unused session is closed")] = 3600.0,
+) -> None:
+    """Serve an environment over HTTP until interrupted: clients make it with
+    relax_gym.make("remote:URL/ENV_ID") or a manifest's [server] url (docs/env-servers.md)."""
+    from relax_gym.envs import DatasetError, ManifestError, UnknownEnvError
+    from relax_gym.envs.remote.server import EnvServer, ServeError
+
+    try:
+        server = EnvServer(env_id, host=host, port=port, token=token, max_sessions=max_sessions, idle_timeout_s=idle_timeout)
+    except ServeError as exc:
+        raise _fail(str(exc), 2) from None
+    except (UnknownEnvError, DatasetError, ManifestError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"serving {server.env_id} at {server.url}  (relax_gym.make(\"remote:{server.url}/{server.env_id}\"); "
+                  f"{'token required' if token else 'no token'}; Ctrl-C stops)")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+
+
 def _choose(policy: Policy, env, info: dict[str, Any]) -> str:
     if policy is Policy.gold:
         return info["gold"]

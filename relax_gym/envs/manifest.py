@@ -3,16 +3,29 @@
 Either ``entry_point`` names an ``AgentEnv`` subclass (``"my_pkg.envs:MyEnv"``), or a pure data environment
 gives ``[dataset]`` (+ optional ``[reward]``) and uses the built-in multiple-choice env. ``[kwargs]`` are passed to
 the constructor. A malformed file raises :class:`ManifestError` naming the file and the field.
+
+A ``[server]`` table serves the env from another process (docs/env-servers.md): ``url`` connects to a running
+``relax-gym envs serve`` server; ``python`` (an interpreter) or ``venv`` (a virtual environment: its
+``bin/python``), relative to the manifest's folder or absolute, makes ``relax_gym.make(id)`` start that server itself.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from relax_gym.envs.datasets import DatasetSpec
 from relax_gym.envs.rewards import MultipleChoiceReward
@@ -30,6 +43,48 @@ class ManifestError(ValueError):
         super().__init__(f"{file}: " + (f"field {field!r}: " if field else "") + reason)
 
 
+class ServerSpec(BaseModel):
+    """``[server]``: where the env runs when it is not made in this process. Exactly one of ``url``, ``python`` or
+    ``venv``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = None  # a running server: http://HOST:PORT
+    env_id: str | None = None  # url: the id that server serves (default: this manifest's id)
+    python: str | None = None  # start the server with this interpreter (relative to the manifest folder, or absolute)
+    venv: str | None = None  # ... with <venv>/bin/python
+    media: Literal["auto", "ref", "inline"] = "auto"  # auto: by reference for a loopback server, inline otherwise
+    token_env: str = "RELAX_GYM_ENV_TOKEN"  # url: the environment variable that holds the server's token
+    startup_timeout_s: float = Field(default=120.0, gt=0)  # python / venv: until the started server is ready
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None:
+            parts = urlsplit(v)
+            if parts.scheme != "http" or not parts.hostname or parts.query:
+                raise ValueError(f"{v!r} is not http://HOST:PORT")
+        return v
+
+    @model_validator(mode="after")
+    def _one_way(self) -> ServerSpec:
+        given = [k for k in ("url", "python", "venv") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of url, python or venv" + (f" (got {', '.join(given)})" if given else ""))
+        return self
+
+    def interpreter(self, manifest_dir: Path) -> Path | None:
+        """The interpreter that runs the server (None for ``url``); symlinks kept (a venv's python is one)."""
+        if self.python:
+            path = Path(self.python).expanduser()
+        elif self.venv:
+            venv = Path(self.venv).expanduser()
+            path = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+        else:
+            return None
+        return Path(os.path.abspath(path if path.is_absolute() else manifest_dir / path))
+
+
 class EnvManifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -42,6 +97,7 @@ class EnvManifest(BaseModel):
     kwargs: dict[str, Any] = Field(default_factory=dict)
     sandbox: SandboxSpec | None = None  # passed to the env as kwargs['sandbox']
     tags: list[str] = Field(default_factory=list)
+    server: ServerSpec | None = None  # served from another process (see ServerSpec)
 
     @field_validator("id")
     @classmethod
@@ -59,7 +115,7 @@ class EnvManifest(BaseModel):
 
     @model_validator(mode="after")
     def _kind(self) -> EnvManifest:
-        if self.entry_point is None and self.dataset is None:
+        if self.entry_point is None and self.dataset is None and not (self.server and self.server.url):
             raise ValueError("give either entry_point or a [dataset] table")
         if self.reward is not None and self.dataset is None:
             raise ValueError("[reward] applies to data environments only (those with a [dataset] table)")

@@ -8,12 +8,18 @@ Three ways in:
 3. installed packages exposing entry points in the group ``relax_gym.envs``: the entry point's *name* is the
    env id and its *value* the env class (``my-env = "my_pkg.envs:MyEnv"``); nothing is imported until made.
 
+A manifest with a ``[server]`` table registers a *served* env: ``make`` returns a client
+(:class:`~relax_gym.envs.remote.client.RemoteEnv`) of a server that runs the env in another process, started on first
+use when the table names an interpreter (docs/env-servers.md). ``make("remote:http://HOST:PORT/ID")`` connects to
+any running server without a manifest.
+
 Discovery runs once, lazily, on first use; problems (a malformed manifest, a duplicate id) are kept in
 ``discovery_errors()`` and reported by ``relax-gym envs list`` and in unknown-id errors, never half-registered.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import threading
@@ -25,11 +31,19 @@ from typing import Any
 
 import gymnasium
 
-from relax_gym.envs.manifest import EnvManifest, ManifestError, find_manifests, load_manifest
+from relax_gym.envs.manifest import (
+    MANIFEST_NAME,
+    EnvManifest,
+    ManifestError,
+    find_manifests,
+    load_manifest,
+)
 
 NAMESPACE = "relax"
 ENTRY_POINT_GROUP = "relax_gym.envs"
 ENV_PATH_VAR = "RELAX_GYM_ENV_PATH"
+REMOTE_PREFIX = "remote:"
+SERVED_ENTRY_POINT = "relax_gym.envs.remote.launcher:served_env"  # what gymnasium calls for a [server] manifest
 
 
 class UnknownEnvError(KeyError):
@@ -48,6 +62,7 @@ class EnvSpec:
     description: str = ""
     modalities: tuple[str, ...] = ()
     manifest: EnvManifest | None = field(default=None, repr=False)
+    server: str = ""  # served envs: where the server is, or which interpreter starts it ("" = in this process)
 
     @property
     def gym_id(self) -> str:
@@ -101,19 +116,36 @@ def register(
         return spec_
 
 
-def register_manifest(path: Path, *, override: bool = False) -> EnvSpec:
+def register_manifest(path: Path, *, override: bool = False, in_process: bool = False) -> EnvSpec:
+    """Register one manifest. A ``[server]`` table makes it a served env unless ``in_process`` (what the server
+    process itself does with the same manifest)."""
     m = load_manifest(path)
+    path = Path(path) / MANIFEST_NAME if Path(path).is_dir() else Path(path)
+    served = m.server is not None and not in_process
     try:
-        return register(
-            m.id, m.resolved_entry_point(), m.constructor_kwargs(), description=m.description,
-            modalities=m.modalities, source=str(Path(path)), manifest=m, override=override,
+        spec_ = register(
+            m.id, SERVED_ENTRY_POINT if served else m.resolved_entry_point(),
+            {"relax_manifest": str(path)} if served else m.constructor_kwargs(), description=m.description,
+            modalities=m.modalities, source=str(path), manifest=m, override=override,
         )
     except ValueError as exc:
         raise ManifestError(path, str(exc), field="id") from None
+    if served:  # what `envs show` tells: the env's own entry point and kwargs, and where it runs
+        where = m.server.url or f"started with {m.server.interpreter(path.parent)}"
+        entry = m.entry_point or (m.resolved_entry_point() if m.dataset else "(the server's)")
+        spec_ = dataclasses.replace(spec_, entry_point=entry, kwargs=m.constructor_kwargs(), server=where)
+        with _lock:
+            _specs[spec_.id] = spec_
+    return spec_
 
 
 def make(id: str, **kwargs: Any) -> gymnasium.Env:
-    """``gymnasium.make("relax/<id>", **kwargs)``: kwargs override the registered ones."""
+    """``gymnasium.make("relax/<id>", **kwargs)``: kwargs override the registered ones.
+    ``make("remote:http://HOST:PORT/ID", **kwargs)``: a client of the env served there (docs/env-servers.md)."""
+    if id.startswith(REMOTE_PREFIX):
+        from relax_gym.envs.remote.client import make_remote
+
+        return make_remote(id, **kwargs)
     return gymnasium.make(spec(id).gym_id, **kwargs)
 
 

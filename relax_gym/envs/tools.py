@@ -1,6 +1,7 @@
 """Tools for agent environments: a ``@tool`` decorator that derives the JSON schema from the signature and
 docstring, parsing of Qwen/Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, and tool
-results as ``<tool_response>`` messages.
+results as ``<tool_response>`` messages. The text format itself (parsing, the instructions) lives in
+:mod:`relax_gym.omni.tool_calls`, shared with the OpenAI endpoint; this module re-exports its names.
 
 Nothing the model writes raises: a malformed call, an unknown tool, bad arguments or a tool that fails all become
 an error text returned to the model as the tool's response, and the episode goes on.
@@ -28,30 +29,28 @@ from pydantic import ValidationError, create_model
 
 from relax_gym.omni import MediaError, Message, TextPart
 from relax_gym.omni.parts import AudioPart, ImagePart, Part, VideoPart
+from relax_gym.omni.tool_calls import (
+    TOOL_RESPONSE_CLOSE,
+    TOOL_RESPONSE_OPEN,
+    BadToolCall,
+    ToolCall,
+    parse_tool_calls,
+    tools_instructions,
+)
+
+__all__ = [
+    "BadToolCall", "MediaRole", "Tool", "ToolBox", "ToolCall", "ToolError", "ToolOutput", "parse_tool_calls", "tool",
+    "tool_message", "tool_messages", "tools_system_prompt",
+]
 
 MediaRole = Literal["tool", "user"]
 _MEDIA_TYPES = (ImagePart, VideoPart, AudioPart)
 
-_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
 
 
 class ToolError(Exception):
     """Raised by a tool to send a clean error message back to the model (no traceback)."""
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class BadToolCall:
-    """A ``<tool_call>`` block that could not be understood; ``error`` goes back to the model."""
-
-    raw: str
-    error: str
 
 
 @dataclass
@@ -137,44 +136,6 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return " ".join(s for s in summary_lines if s).strip(), args
 
 
-# ---------------------------------------------------------------------------------------------- parsing
-
-
-def parse_tool_calls(text: str) -> list[ToolCall | BadToolCall]:
-    """Every ``<tool_call>…</tool_call>`` block in order; an unclosed ``<tool_call>`` is a BadToolCall too."""
-    calls: list[ToolCall | BadToolCall] = []
-    for raw in _CALL.findall(text):
-        calls.append(_parse_one(raw.strip()))
-    tail = text[text.rfind("</tool_call>") + len("</tool_call>"):] if "</tool_call>" in text else text
-    if "<tool_call>" in tail:
-        calls.append(BadToolCall(raw=tail[tail.index("<tool_call>"):][:200], error="<tool_call> is not closed by </tool_call>"))
-    return calls
-
-
-def _parse_one(raw: str) -> ToolCall | BadToolCall:
-    try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return BadToolCall(raw=raw[:200], error=f"the tool call is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})")
-    except (ValueError, RecursionError) as exc:  # an integer too long to convert, nesting deeper than the stack
-        return BadToolCall(raw=raw[:200], error=f"the tool call is not usable JSON ({_json_limit(exc)})")
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return BadToolCall(raw=raw[:200], error='a tool call must be a JSON object {"name": "...", "arguments": {...}}')
-    args = obj.get("arguments", {})
-    if isinstance(args, str):  # some models emit the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
-            return BadToolCall(raw=raw[:200], error="'arguments' is a string that is not valid JSON")
-    if not isinstance(args, dict):
-        return BadToolCall(raw=raw[:200], error="'arguments' must be a JSON object")
-    return ToolCall(name=obj["name"], arguments=args)
-
-
-def _json_limit(exc: ValueError | RecursionError) -> str:
-    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(":")[0]
-
-
 # ---------------------------------------------------------------------------------------------- running
 
 
@@ -246,9 +207,9 @@ def _decoded(output: ToolOutput, name: str) -> ToolOutput:
 def tool_message(output: ToolOutput, call: ToolCall | BadToolCall) -> Message:
     """A ``tool`` message wrapping the result in ``<tool_response>`` (media parts kept inside, in order)."""
     name = call.name if isinstance(call, ToolCall) else None
-    body = [TextPart("<tool_response>\n" + output.text)]
+    body = [TextPart(TOOL_RESPONSE_OPEN + output.text)]
     body += output.parts
-    body.append(TextPart("\n</tool_response>"))
+    body.append(TextPart(TOOL_RESPONSE_CLOSE))
     return Message(role="tool", content=tuple(body), name=name)
 
 
@@ -268,10 +229,6 @@ def tool_messages(output: ToolOutput, call: ToolCall | BadToolCall, *, media_rol
 
 
 def tools_system_prompt(toolbox: ToolBox) -> str:
-    """Qwen/Hermes-style tool instructions listing each tool's schema."""
-    lines = "\n".join(json.dumps(s) for s in toolbox.schemas())
-    return (
-        "You may call tools. Available tools, as JSON schemas:\n<tools>\n" + lines + "\n</tools>\n"
-        'To call a tool, write <tool_call>{"name": <tool name>, "arguments": <JSON object>}</tool_call>; '
-        "the result comes back in <tool_response></tool_response>."
-    )
+    """Qwen/Hermes-style tool instructions listing each tool's schema
+    (:func:`relax_gym.omni.tool_calls.tools_instructions`)."""
+    return tools_instructions(toolbox.schemas())

@@ -9,7 +9,8 @@ Layout of one sandbox on the host (``<root>`` is ``/tmp/relax-gym-bwrap``)::
         tmp/                a tmpfs of spec.tmpfs_mb (falls back to a plain directory) bind-mounted at /tmp
 
 plus the cgroup ``relax-gym/<id>`` (memory + swap, pids, cpu). The host's /usr (and the /bin, /lib... symlinks or
-directories) is shown read-only; the root itself is remounted read-only, so only workdir and /tmp are writable.
+directories) is shown read-only; the root itself is remounted read-only, so only workdir, /tmp and the read-write
+``spec.mounts`` are writable (``--ro-bind`` / ``--bind``; their sources must be reachable by the sandbox uid).
 
 bwrap run by root with ``--uid`` maps the sandbox user to host root, so the process that becomes bwrap first joins
 the cgroup (as root) and then drops to spec.uid:gid with no supplementary groups (``setpriv``, or a preexec_fn when
@@ -293,6 +294,45 @@ def _system_args() -> list[str]:
         elif os.path.isdir(host):
             args += ["--ro-bind", host, host]
     return args
+
+
+def _mount_args(spec: SandboxSpec) -> list[str]:
+    args: list[str] = []
+    for m in spec.mounts_in_order():
+        args += ["--ro-bind" if m.read_only else "--bind", m.source, m.target]
+    return args
+
+
+def _searchable_by(st: os.stat_result, uid: int, gid: int) -> bool:
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid == gid:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+def _check_mount_sources(spec: SandboxSpec) -> None:
+    """Every mount source exists and the sandbox uid can reach it: bwrap mounts it after dropping to that uid, so
+    a source under e.g. root's 0700 home would only fail later, at the first command, with bwrap's own message."""
+    problem = spec.mount_source_problem()
+    if problem:
+        raise SandboxError(f"cannot create a bwrap sandbox: {problem}")
+    for i, m in enumerate(spec.mounts):
+        real = os.path.realpath(m.source)
+        parent = os.path.dirname(real)
+        while True:
+            try:
+                ok = _searchable_by(os.stat(parent), spec.uid, spec.gid)
+            except OSError:
+                ok = False
+            if not ok:
+                raise SandboxError(
+                    f"cannot create a bwrap sandbox: mounts[{i}].source {m.source!r} is not reachable by the sandbox "
+                    f"uid {spec.uid}: {parent} is not searchable by it (chmod o+x, or put the source elsewhere)"
+                )
+            if parent == "/":
+                break
+            parent = os.path.dirname(parent)
 
 
 def _namespace_args(network: bool) -> list[str]:
@@ -881,6 +921,7 @@ class BwrapBackend(Backend):
             raise SandboxError(f"workdir {spec.workdir!r} must be an absolute path")
         if any(workdir == f or (f != "/" and workdir.startswith(f + "/")) for f in _FORBIDDEN_WORKDIRS):
             raise SandboxError(f"workdir {spec.workdir!r} would shadow a system directory; use e.g. /workspace")
+        _check_mount_sources(spec)
         _ensure_root(self.root)
         sid = new_sandbox_id(self.name)
         base = os.path.join(self.root, sid)
@@ -915,7 +956,7 @@ class BwrapBackend(Backend):
             *_system_args(), "--ro-bind", etc, "/etc", *self._etc_binds(),
             "--proc", "/proc", "--dev", "/dev",
             "--bind", os.path.join(base, "tmp"), "/tmp",
-            "--bind", os.path.join(base, "work"), workdir,
+            "--bind", os.path.join(base, "work"), workdir, *_mount_args(spec),
             "--chdir", workdir, "--remount-ro", "/", "--clearenv",
         ]
         env = {"PATH": SANDBOX_PATH, "HOME": workdir, "LANG": "C.UTF-8", "USER": SANDBOX_USER,

@@ -1,7 +1,7 @@
 """Docker sandbox backend: one long-lived, locked-down container per sandbox; commands run in it with ``docker exec``.
 
 Container: no network (unless ``spec.network``), read-only root, tmpfs ``/tmp`` and a tmpfs ``workdir`` owned by the
-sandbox user, memory (+swap) / cpu / pids limits, all capabilities dropped, ``no-new-privileges``, running as
+sandbox user, ``spec.mounts`` as bind mounts (``ro`` unless asked), memory (+swap) / cpu / pids limits, all capabilities dropped, ``no-new-privileges``, running as
 ``spec.uid:spec.gid``. Its PID 1 is a tiny Python reaper (see :data:`REAPER`): it reaps every orphan (so zombies never
 pile up against the pids limit) and, being the namespace's init, cannot be killed from inside, so a command's
 ``kill -9 -1`` (which is also how we clean up after every command) cannot take the sandbox down.
@@ -166,6 +166,14 @@ def _read_oom_kills(path: str | None) -> int | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+def _bind_mounts(spec: SandboxSpec) -> list:
+    """``spec.mounts`` as docker bind mounts (the engine must see the same host paths as we do)."""
+    from docker.types import Mount as DockerMount
+
+    return [DockerMount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
+            for m in spec.mounts_in_order()]
 
 
 class _Stream:
@@ -537,6 +545,9 @@ class DockerBackend(Backend):
 
     def _create_blocking(self, spec: SandboxSpec, sandbox_id: str) -> tuple[str, str | None]:
         errors = _errors()
+        problem = spec.mount_source_problem()
+        if problem:
+            raise SandboxError(f"cannot create a docker sandbox: {problem}")
         self._ensure_image(spec.image)
         api = self._api()
         workdir_mb = max(spec.tmpfs_mb, spec.memory_mb)  # tmpfs pages count against the memory limit anyway
@@ -555,6 +566,7 @@ class DockerBackend(Backend):
             security_opt=["no-new-privileges"],
             runtime=spec.runtime,
             init=False,  # PID 1 is our reaper (REAPER); docker's init would make it killable from inside
+            mounts=_bind_mounts(spec),
         )
         owner_start = process_start_time(os.getpid())
         labels = {LABEL: sandbox_id, OWNER_LABEL: owner_tag()}

@@ -43,6 +43,7 @@ from relax_gym.trainer.run.metrics import MetricsWriter
 from relax_gym.trainer.policy import build_policy
 from relax_gym.trainer.policy.moe import routing_dims
 from relax_gym.trainer.rollout.episode import Trajectory, run_episode
+from relax_gym.trainer.rollout.program_episode import ProgramEpisodes, is_agent_program
 from relax_gym.trainer.rollout.samples import summary_dict
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,9 @@ class ColocateTrainer:
         self.pusher = make_pusher(cfg.inference, names=checkpoint_names(self.actor.hf_template),
                                   engine=getattr(self.engine_host, "engine", None), urls=[self.engine_host.url])
         self.client: CoalescingClient | None = None  # rollouts, made inside the running event loop
+        # agent-program envs: their programs call an OpenAI gateway over self.client (made inside the loop too)
+        self.programs = ProgramEpisodes(self.processor, max_positions=getattr(getattr(self.engine_host, "engine", None),
+                                                                               "max_positions", None))
         self.ref_actor: HFActor | None = None  # frozen copy of the warmed-up policy, for the KL term
         self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard,
                                      purge_step=self.resume.step + 1 if self.resume else None)
@@ -99,6 +103,8 @@ class ColocateTrainer:
         async def one(seed: int, group: int) -> Trajectory:
             env = await envs.get()
             try:
+                if is_agent_program(env):
+                    return await self.programs.run(env, self.client, seed=seed, group_id=group, sampling_params=sampling)
                 return await run_episode(env, self.client, self.processor, seed=seed, group_id=group,
                                          sampling_params=sampling, max_turns=self.cfg.trainer.max_turns, routing=routing)
             finally:
@@ -166,6 +172,7 @@ class ColocateTrainer:
         try:
             return await self._loop()
         finally:
+            self.programs.close()
             await raw.aclose()
 
     async def _loop(self) -> dict[str, float]:

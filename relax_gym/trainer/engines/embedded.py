@@ -193,20 +193,36 @@ class EmbeddedEngine(WeightUpdates):
         first, outside the tokenizer lock; tokenisation runs under it."""
         from relax_gym.omni.render import render
 
+        self._predecode(messages)
+        with self._tokenizer_lock:
+            return render(list(messages), self.processor, cache=self._cache)
+
+    def extend(self, rendered: Any, messages: Sequence[Any], assistant_token_ids: Sequence[int] | None = None) -> Any:
+        """Continue a :meth:`render` result token-in-token-out (:func:`relax_gym.omni.render.extend` with the
+        engine's processor and media cache): ``assistant_token_ids`` (the ids sampled for the open generation
+        prompt) appended as they are, then ``messages`` and the next generation prompt."""
+        from relax_gym.omni.render import extend
+
+        self._predecode(messages)
+        with self._tokenizer_lock:
+            return extend(rendered, list(messages), assistant_token_ids=assistant_token_ids, add_generation_prompt=True,
+                          processor=self.processor, cache=self._cache)
+
+    def _predecode(self, messages: Sequence[Any]) -> None:
+        """Decode the messages' media into the cache, outside the tokenizer lock."""
         if self._cache is not None:
             for message in messages:
                 for part in message.media():
                     part.decode(self._cache)
-        with self._tokenizer_lock:
-            return render(list(messages), self.processor, cache=self._cache)
 
     def generate_rendered(self, input_ids: Sequence[int], mm: Mapping[str, torch.Tensor] | None = None, *,
                           sampling_params: SamplingParams | Mapping[str, Any] | None = None, return_logprob: bool = True,
                           top_logprobs_num: int = 0, return_text_in_logprobs: bool = False, rid: str | None = None,
-                          timeout: float | None = None) -> GenerateResponse:
+                          timeout: float | None = None, messages: Sequence[Any] | None = None) -> GenerateResponse:
         """One request whose media are already encoded: ``input_ids`` with each item's pad tokens expanded and
         ``mm`` the concatenated media tensors, as :meth:`render` returns them (so nothing is decoded twice).
-        Same checks, batching and response as :meth:`generate`."""
+        Same checks, batching and response as :meth:`generate`. ``messages`` (the conversation that was rendered,
+        which the OpenAI layer passes for engines that want it) is ignored: the ids say everything."""
         try:
             sp = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams.model_validate(dict(sampling_params or {}))
         except ValueError as exc:

@@ -31,8 +31,8 @@ Endpoints (request bodies: :mod:`~relax_gym.trainer.engines.protocol`; responses
 ``/get_server_info``                        GET     engine settings and batching statistics (our fields)
 ``/get_weights_checksum``                   GET/    ``{"weight_version", "algorithm": "sha256", "checksums":
                                             POST    {name: hex}}`` (ours; body ``{"names": [...]}`` or none)
-``/v1/chat/completions``                    POST    OpenAI chat completion, recorded by session
-                                                    (:mod:`~relax_gym.trainer.engines.openai_api`)
+``/v1/chat/completions``                    POST    OpenAI chat completion (tools; ``stream`` as SSE), recorded
+                                                    by session (:mod:`~relax_gym.trainer.engines.openai_api`)
 ``/v1/models``                              GET     the served model
 ``/v1/relax/sessions``                      GET     recorded session ids and call counts
 ``/v1/relax/sessions/{id}``                 GET/    a session's recorded calls / drop it
@@ -47,26 +47,44 @@ another method → 405. A handler never lets an exception escape: the server kee
 answer errors in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``. This module only routes;
 the OpenAI logic lives in :mod:`~relax_gym.trainer.engines.openai_api` (``server.openai``).
 
-Loopback by default. The server reads ``file://`` / path media items from its own filesystem: bind it to another
-interface only on a trusted network.
+Loopback by default. The server reads ``file://`` / path media items from its own filesystem. Binding another
+interface takes a ``token``: then every request needs ``Authorization: Bearer <token>``, or an episode key issued
+by ``server.openai.keys`` (those reach only ``/v1/chat/completions``, ``/v1/models`` and their own session);
+without a token a non-loopback ``host`` is refused (``ValueError``).
+
+:func:`serve_openai` serves only the ``/v1`` routes of an :class:`~relax_gym.trainer.engines.openai_api.OpenAIAPI`
+(over any engine of its duck type), with the same routing code, authentication and streaming as
+:class:`EngineServer`.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 from urllib.parse import unquote, urlsplit
 
-from relax_gym.trainer.engines.admin_protocol import ContinueGenerationReqInput, DestroyWeightsUpdateGroupReqInput, FlushCacheReqInput, InitWeightsUpdateGroupReqInput, PauseGenerationReqInput, UpdateWeightFromDiskReqInput, UpdateWeightVersionReqInput, UpdateWeightsFromDistributedReqInput, UpdateWeightsFromTensorReqInput, WeightsChecksumReqInput
+from relax_gym.trainer.engines.admin_protocol import (
+    ContinueGenerationReqInput,
+    DestroyWeightsUpdateGroupReqInput,
+    FlushCacheReqInput,
+    InitWeightsUpdateGroupReqInput,
+    PauseGenerationReqInput,
+    UpdateWeightFromDiskReqInput,
+    UpdateWeightsFromDistributedReqInput,
+    UpdateWeightsFromTensorReqInput,
+    UpdateWeightVersionReqInput,
+    WeightsChecksumReqInput,
+)
 from relax_gym.trainer.engines.protocol import GenerateReqInput
 from relax_gym.trainer.engines.validation import parse_request
 
-__all__ = ["EngineServer", "serve"]
+__all__ = ["EngineServer", "OpenAIServer", "serve", "serve_openai"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +101,13 @@ class _HTTPError(Exception):
 
 
 class _Response:
+    """A response; ``stream`` (byte strings) goes out with chunked transfer encoding instead of ``body``."""
+
     def __init__(self, status: int, body: Any, content_type: str = "application/json",
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, stream: Iterable[bytes] | None = None) -> None:
         self.status, self.body, self.content_type = status, body, content_type
         self.headers = headers or {}
+        self.stream = stream
 
 
 def _json(body: Any, status: int = 200) -> _Response:
@@ -97,25 +118,37 @@ def _text(body: str, status: int = 200) -> _Response:
     return _Response(status, body, "text/plain; charset=utf-8")
 
 
-class EngineServer:
-    """A running server: ``.url`` (``http://host:port``), ``.close()``; a context manager. ``.openai`` is the
-    :class:`~relax_gym.trainer.engines.openai_api.OpenAIAPI` behind the ``/v1`` routes (``.openai.recorder``
-    holds the recorded sessions); ``model_name`` is the name ``/v1/models`` lists."""
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback address (``127.0.0.0/8``, ``::1``)."""
+    if str(host).lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(str(host).strip("[]")).is_loopback
+    except ValueError:
+        return False
 
-    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, *, close_engine: bool = False,
-                 model_name: str | None = None) -> None:
-        from relax_gym.trainer.engines.openai_api import OpenAIAPI
 
-        self.engine = engine
-        self.close_engine = close_engine
-        self.openai = OpenAIAPI(engine, model_name=model_name)
+class _HTTPService:
+    """The HTTP server shared by :class:`EngineServer` and :class:`OpenAIServer`: ``.url``, ``.close()``, a
+    context manager; ``.openai`` serves the ``/v1`` routes, :meth:`_build_routes` the others; ``token`` guards
+    them all."""
+
+    def __init__(self, api: Any, host: str, port: int, *, token: str | None, name: str) -> None:
+        if token is not None and not (isinstance(token, str) and token.strip() == token and token):
+            raise ValueError("token must be a non-empty string without surrounding whitespace")
+        if token is None and not is_loopback(host):
+            raise ValueError(f"host={host!r} is not a loopback address: serving it without a token would let anyone on "
+                             "that network generate, read recorded sessions and (engine servers) replace weights; pass "
+                             "token=... (clients then send 'Authorization: Bearer <token>')")
+        self.openai = api
+        self.token = token
         self._routes = self._build_routes()
-        handler = type("EngineRequestHandler", (_Handler,), {"server_ref": self})
+        handler = type(f"{type(self).__name__}Handler", (_Handler,), {"server_ref": self})
         self._httpd = _Server((host, port), handler)
         self._httpd.daemon_threads = True
         self.host, self.port = self._httpd.server_address[:2]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"engine-http-{self.port}", daemon=True)
+                                        name=f"{name}-http-{self.port}", daemon=True)
         self._thread.start()
         self._closed = False
 
@@ -131,14 +164,100 @@ class EngineServer:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(5)
-        if self.close_engine:
-            self.engine.close()
+        self._after_close()
 
-    def __enter__(self) -> EngineServer:
+    def _after_close(self) -> None:
+        pass
+
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _build_routes(self) -> dict[str, tuple[tuple[str, ...], Callable[[Any], _Response]]]:
+        return {}
+
+    def dispatch(self, method: str, path: str, body: Any, headers: Any = None) -> _Response:
+        if path.startswith("/v1/"):
+            return self._dispatch_openai(method, path, body, headers)
+        if self.token is not None:
+            from relax_gym.trainer.engines.openai_keys import bearer_of, token_matches
+
+            sent = bearer_of(headers)
+            if not token_matches(sent, self.token):
+                raise (_HTTPError(403, f"{path} takes the server token; episode keys reach only /v1 routes")
+                       if sent is not None and self.openai.keys.session_of(sent) is not None else
+                       _HTTPError(401, "this server needs 'Authorization: Bearer <token>'"))
+        route = self._routes.get(path)
+        if route is None:
+            raise _HTTPError(404, f"no endpoint {path!r}")
+        methods, fn = route
+        if method not in methods:
+            raise _HTTPError(405, f"{path} takes {' or '.join(methods)}, not {method}")
+        return fn(body)
+
+    def _dispatch_openai(self, method: str, path: str, body: Any, headers: Any) -> _Response:
+        from relax_gym.trainer.engines.openai_api import ChatStream, OpenAIError
+
+        api = self.openai
+        sessions = "/v1/relax/sessions"
+        try:
+            caller = api.authenticate(headers, self.token)
+            if path == "/v1/chat/completions":
+                self._method(method, path, "POST")
+                response, extra = api.chat_completions(body, headers, caller=caller)
+                if isinstance(response, ChatStream):
+                    return _Response(200, None, ChatStream.content_type, headers={"Cache-Control": "no-cache", **extra},
+                                     stream=response)
+                return _Response(200, response, headers=extra)
+            if path == "/v1/models":
+                self._method(method, path, "GET")
+                return _json(api.models())
+            if path == sessions:
+                self._method(method, path, "GET")
+                return _json(api.list_sessions(caller))
+            if path.startswith(sessions + "/"):
+                session_id = unquote(path[len(sessions) + 1:])
+                self._method(method, path, "GET", "DELETE")
+                return _json(api.get_session(session_id, caller) if method == "GET" else api.delete_session(session_id, caller))
+            raise OpenAIError(404, f"no endpoint {path!r}", kind="not_found_error")
+        except OpenAIError as exc:
+            return _json(exc.to_json(), exc.status)
+
+    @staticmethod
+    def _method(method: str, path: str, *allowed: str) -> None:
+        from relax_gym.trainer.engines.openai_api import OpenAIError
+
+        if method not in allowed:
+            raise OpenAIError(405, f"{path} takes {' or '.join(allowed)}, not {method}")
+
+
+class OpenAIServer(_HTTPService):
+    """Only the ``/v1`` routes of an :class:`~relax_gym.trainer.engines.openai_api.OpenAIAPI` (``.openai``):
+    chat completions (streaming included), models, sessions. ``.url``, ``.close()``; a context manager."""
+
+    def __init__(self, api: Any, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None) -> None:
+        super().__init__(api, host, port, token=token, name="openai")
+
+
+class EngineServer(_HTTPService):
+    """A running server: ``.url`` (``http://host:port``), ``.close()``; a context manager. ``.openai`` is the
+    :class:`~relax_gym.trainer.engines.openai_api.OpenAIAPI` behind the ``/v1`` routes (``.openai.recorder``
+    holds the recorded sessions, ``.openai.keys`` the episode keys); ``model_name`` is the name ``/v1/models``
+    lists; ``token``: the bearer token every request needs (required to bind a non-loopback host)."""
+
+    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, *, close_engine: bool = False,
+                 model_name: str | None = None, token: str | None = None) -> None:
+        from relax_gym.trainer.engines.openai_api import OpenAIAPI
+
+        self.engine = engine
+        self.close_engine = close_engine
+        super().__init__(OpenAIAPI(engine, model_name=model_name), host, port, token=token, name="engine")
+
+    def _after_close(self) -> None:
+        if self.close_engine:
+            self.engine.close()
 
     # ------------------------------------------------------------------------------------------ routes
 
@@ -161,48 +280,6 @@ class EngineServer:
             "/get_server_info": (("GET",), self._server_info),
             "/get_weights_checksum": (("GET", "POST"), self._weights_checksum),
         }
-
-    def dispatch(self, method: str, path: str, body: Any, headers: Any = None) -> _Response:
-        if path.startswith("/v1/"):
-            return self._dispatch_openai(method, path, body, headers)
-        route = self._routes.get(path)
-        if route is None:
-            raise _HTTPError(404, f"no endpoint {path!r}")
-        methods, fn = route
-        if method not in methods:
-            raise _HTTPError(405, f"{path} takes {' or '.join(methods)}, not {method}")
-        return fn(body)
-
-    def _dispatch_openai(self, method: str, path: str, body: Any, headers: Any) -> _Response:
-        from relax_gym.trainer.engines.openai_api import OpenAIError
-
-        api = self.openai
-        sessions = "/v1/relax/sessions"
-        try:
-            if path == "/v1/chat/completions":
-                self._method(method, path, "POST")
-                response, extra = api.chat_completions(body, headers)
-                return _Response(200, response, headers=extra)
-            if path == "/v1/models":
-                self._method(method, path, "GET")
-                return _json(api.models())
-            if path == sessions:
-                self._method(method, path, "GET")
-                return _json(api.list_sessions())
-            if path.startswith(sessions + "/"):
-                session_id = unquote(path[len(sessions) + 1:])
-                self._method(method, path, "GET", "DELETE")
-                return _json(api.get_session(session_id) if method == "GET" else api.delete_session(session_id))
-            raise OpenAIError(404, f"no endpoint {path!r}", kind="not_found_error")
-        except OpenAIError as exc:
-            return _json(exc.to_json(), exc.status)
-
-    @staticmethod
-    def _method(method: str, path: str, *allowed: str) -> None:
-        from relax_gym.trainer.engines.openai_api import OpenAIError
-
-        if method not in allowed:
-            raise OpenAIError(405, f"{path} takes {' or '.join(allowed)}, not {method}")
 
     @staticmethod
     def _parse(model: type, body: Any) -> Any:
@@ -328,19 +405,19 @@ class _Handler(BaseHTTPRequestHandler):
     # headers and body go out as two writes; with Nagle on, the body waits for the client's delayed ACK (~40 ms)
     disable_nagle_algorithm = True
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+    def do_GET(self) -> None:
         self._handle("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._handle("POST")
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         self._handle("PUT")
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         self._handle("DELETE")
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s - %s", self.address_string(), format % args)
 
     def _handle(self, method: str) -> None:
@@ -357,7 +434,7 @@ class _Handler(BaseHTTPRequestHandler):
         except _HTTPError as exc:
             response = _json(_error_body(path, exc.status, exc.message, exc.kind), exc.status)
             payload = _encode(response)
-        except Exception as exc:  # noqa: BLE001 - an engine failure is a 500, never a dead handler
+        except Exception as exc:
             logger.exception("engine request failed")
             status = int(getattr(exc, "status_code", 500) or 500)
             response = _json(_error_body(path, status, f"{type(exc).__name__}: {exc}",
@@ -368,14 +445,22 @@ class _Handler(BaseHTTPRequestHandler):
             if self.close_connection:  # tell the client, or it may reuse a socket we are about to close
                 self.send_header("Connection", "close")
             self.send_header("Content-Type", response.content_type)
-            self.send_header("Content-Length", str(len(payload)))
+            if isinstance(payload, list):  # a stream: chunked, one event per chunk
+                self.send_header("Transfer-Encoding", "chunked")
+            else:
+                self.send_header("Content-Length", str(len(payload)))
             for name, value in response.headers.items():
                 self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(payload)
+            if isinstance(payload, list):
+                for event in payload:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.write(b"0\r\n\r\n")
+            else:
+                self.wfile.write(payload)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
-        except Exception:  # noqa: BLE001
+        except Exception:
             self.close_connection = True
             logger.exception("sending the response failed")
 
@@ -428,15 +513,27 @@ def _error_body(path: str, status: int, message: str, kind: str) -> dict[str, An
     return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
 
 
-def _encode(response: _Response) -> bytes:
+def _encode(response: _Response) -> bytes | list[bytes]:
+    """The body's bytes; a stream's events, all of them (encoded before anything is sent, so a failure is still an
+    error response)."""
+    if response.stream is not None:
+        return [bytes(event) for event in response.stream if event]
     if response.content_type.startswith("application/json"):
         return json.dumps(response.body, allow_nan=False).encode()
     return str(response.body).encode()
 
 
 def serve(engine: Any, host: str = "127.0.0.1", port: int = 0, *, close_engine: bool = False,
-          model_name: str | None = None) -> EngineServer:
+          model_name: str | None = None, token: str | None = None) -> EngineServer:
     """Serve ``engine`` on ``host:port`` (port 0: a free one) in a background thread; returns the running
     :class:`EngineServer` (``.url``, ``.close()``, ``.openai``). ``close_engine``: close the engine with the
-    server; ``model_name``: the name ``/v1/models`` lists."""
-    return EngineServer(engine, host, port, close_engine=close_engine, model_name=model_name)
+    server; ``model_name``: the name ``/v1/models`` lists; ``token``: the bearer token every request must carry
+    (an episode key from ``.openai.keys`` does for the ``/v1`` routes); a non-loopback ``host`` needs one."""
+    return EngineServer(engine, host, port, close_engine=close_engine, model_name=model_name, token=token)
+
+
+def serve_openai(api: Any, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None) -> OpenAIServer:
+    """Serve only the ``/v1`` routes of ``api`` (an :class:`~relax_gym.trainer.engines.openai_api.OpenAIAPI`,
+    over any engine of its duck type) on ``host:port``; returns the running :class:`OpenAIServer` (``.url``,
+    ``.close()``, ``.openai``). ``token`` as for :func:`serve`."""
+    return OpenAIServer(api, host, port, token=token)

@@ -87,6 +87,8 @@ class EpisodeSummary:
     tool_calls: int = 0
     error: str = ""
     policy_versions: list[int] = field(default_factory=list)
+    agent_segments: int = 0  # agent-program episodes: token-continuous segments of the recorded calls (0: not one)
+    agent_untrained_tokens: int = 0  # their completion tokens outside the trained (final) segment
 
     @property
     def failed(self) -> bool:
@@ -100,6 +102,8 @@ def summary_of(traj: Trajectory, sid: str, versions: Sequence[int]) -> EpisodeSu
         completion_tokens=int(traj.completion_tokens),
         turns=int(traj.turns), tool_calls=int(traj.info.get("tool_calls", 0) or 0), error=traj.error,
         policy_versions=[int(v) for v in versions],
+        agent_segments=int(traj.info.get("agent_segments", 0) or 0),
+        agent_untrained_tokens=int(traj.info.get("agent_untrained_tokens", 0) or 0),
     )
 
 

@@ -66,12 +66,17 @@ def rollout_row(episodes: Sequence[Episode], rollout_s: float, known: Sequence[s
     the episodes and the ``known`` ones), ``status_<status>`` counts and ``rollout_tokens_per_s``."""
     ok = _ok(episodes)
     completion = sum(int(e["completion_tokens"]) for e in episodes)
-    return {
+    row = {
         "reward_mean": _mean([float(e["reward"]) for e in ok]),
         **{f"{k}_mean": v for k, v in component_means(ok, known).items()},
         **{f"status_{s}": n for s, n in Counter(e["status"] for e in episodes).items()},
         "rollout_tokens_per_s": completion / max(rollout_s, 1e-9),
     }
+    programs = [e for e in episodes if int(e.get("agent_segments", 0) or 0) > 0]
+    if programs:  # agent-program episodes: how often agents broke token continuity (see rollout/program_episode.py)
+        row["agent_segments_mean"] = _mean([float(e["agent_segments"]) for e in programs])
+        row["agent_untrained_tokens"] = sum(int(e.get("agent_untrained_tokens", 0) or 0) for e in programs)
+    return row
 
 
 def eval_row(episodes: Sequence[Episode], known: Sequence[str] = ()) -> dict[str, Any]:

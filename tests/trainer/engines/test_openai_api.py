@@ -98,7 +98,8 @@ def test_sessions_by_user_field_header_precedence_and_delete(served, http):
     for _ in range(2):
         assert chat(http, user="agent-7", max_tokens=2).status_code == 200
     r = chat(http, headers={"x-relax-session": "agent-8"}, user="agent-7", max_tokens=2)
-    assert r.json()["relax"] == {"session_id": "agent-8", "call_index": 0, "weight_version": served.engine.weight_version}
+    assert r.json()["relax"] == {"session_id": "agent-8", "call_index": 0, "weight_version": served.engine.weight_version,
+                                 "continues": False}
     calls = http.get("/v1/relax/sessions/agent-7").json()["calls"]
     assert [c["index"] for c in calls] == [0, 1] and all(c["media"] == [] for c in calls)
     listed = {s["id"]: s["calls"] for s in http.get("/v1/relax/sessions").json()["data"]}
@@ -124,14 +125,15 @@ def test_stop_strings_end_the_completion(http):
 @pytest.mark.parametrize("body, field", [
     ({"temperature": 5}, "temperature"),
     ({"n": 2}, "n"),
-    ({"stream": True}, "stream"),
+    ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options"),
     ({"frobnicate": 1}, "frobnicate"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]}, "messages"),
     ({"max_tokens": 10**6}, "max_tokens"),
     ({"max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
 ])
 def test_bad_requests_name_the_field(http, body, field):
     r = chat(http, **body)

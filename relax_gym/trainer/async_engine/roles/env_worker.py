@@ -38,6 +38,7 @@ from relax_gym.trainer.databus.protocol import DuplicateRowError
 from relax_gym.trainer.faults.hooks import SandboxHangs
 from relax_gym.trainer.async_engine.replica import announce_replica, build_processor_only, retries_within, setup_replica
 from relax_gym.trainer.rollout.episode import Trajectory, run_episode
+from relax_gym.trainer.rollout.program_episode import ProgramEpisodes, is_agent_program
 from relax_gym.trainer.rollout.samples import parse_version, summary_dict, trajectory_row
 
 __all__ = ["EnvWorkerRole"]
@@ -64,6 +65,7 @@ class EnvWorkerRole:
         env = self.cfg.env
         self._train_envs = [relax_gym.make(env.id, **env.kwargs) for _ in range(pool_size)]
         self._eval_envs = [relax_gym.make(env.id, **{**env.kwargs, **env.eval_kwargs}) for _ in range(eval_pool_size)]
+        self._programs = ProgramEpisodes(self.processor)  # agent-program envs: an OpenAI gateway over the engine client
         self._train_pool: asyncio.Queue | None = None
         self._eval_pool: asyncio.Queue | None = None
         self._fatal: str | None = None
@@ -101,8 +103,11 @@ class EnvWorkerRole:
     async def _episode(self, pool: asyncio.Queue, seed: int, group: int, greedy: bool) -> tuple[Trajectory, list[int]]:
         env = await pool.get()
         try:
-            traj = await run_episode(env, self._client, self.processor, seed=seed, group_id=group, sampling_params=self._sampling(greedy),
-                                     max_turns=self.cfg.trainer.max_turns, routing=None if greedy else self.routing)
+            if is_agent_program(env):
+                traj = await self._programs.run(env, self._client, seed=seed, group_id=group, sampling_params=self._sampling(greedy))
+            else:
+                traj = await run_episode(env, self._client, self.processor, seed=seed, group_id=group, sampling_params=self._sampling(greedy),
+                                         max_turns=self.cfg.trainer.max_turns, routing=None if greedy else self.routing)
         except Exception as exc:  # noqa: BLE001 - the runner masks env / engine errors; anything else is masked here
             log.exception("episode seed %d failed outside the runner", seed)
             traj = Trajectory(group_id=group, seed=seed, status="env_error", error=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,337 @@
+"""Agent-program environments: the episode is a program that talks to "the model" over OpenAI's chat API.
+
+Users bring agents they did not write for a trainer: a script on the ``openai`` client, an agent SDK, a coding
+agent. Such an env describes a task (files for the agent's working directory, the command that starts it, a
+scorer for what it leaves behind) and never sees a turn. Two ways to play it:
+
+- **black box** (the trainer): :meth:`AgentProgramEnv.run_program` draws the task for ``seed``, starts the
+  program with ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` pointing at an endpoint the caller serves (the
+  trainer's gateway, which records every call's token ids), waits for it to end and scores the outcome. The
+  trainer builds the training sequence from the recorded calls, not from anything the env returns.
+- **turn by turn** (gymnasium: ``check_env``, ``envs play``, warm-up demonstrations): ``reset`` starts the
+  program against the env's own :class:`~relax_gym.envs.turn_proxy.TurnProxy`; each call the program makes
+  becomes an observation (the new messages since the last call) and the next ``step(action)`` is the model's
+  reply to it. When the program exits, the step that ended it carries the score. ``info["gold"]`` is the reply
+  a perfect model gives to each call, so the gold plan earns the maximum reward through the real program.
+
+Where the program runs (``runner``): ``"sandbox"`` (default) runs it in the episode's sandbox (docker or bwrap,
+no network: it reaches the endpoint through a Unix socket bind-mounted into the sandbox and a forwarder on the
+sandbox's own loopback, see :mod:`relax_gym.sandbox.bridge`; the ``python_packages`` it imports are mounted
+read-only from a copy of this environment's installed distributions); ``"local"`` runs it as a child process
+here with this interpreter (only for programs you trust: model-written code it executes runs on the host).
+
+Subclasses implement :meth:`_make_task` (a :class:`ProgramTask`) and :meth:`_score` (reward and breakdown from
+a :class:`ProgramRun`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from relax_gym.envs.core import AgentEnv, Opening, Outcome
+from relax_gym.envs.episode_sandbox import EpisodeSandbox
+from relax_gym.envs.turn_proxy import ProgramExit, TurnProxy
+from relax_gym.omni import Message, TextPart
+from relax_gym.sandbox.spec import SandboxSpec
+
+log = logging.getLogger(__name__)
+
+PYTHON = "{python}"  # in a task's argv: this interpreter when local, python3 in a sandbox
+MAX_LOG_CHARS = 4_000
+SANDBOX_LISTEN_PORT = 8765  # the forwarder's port on the sandbox's own loopback
+
+
+@dataclass(frozen=True)
+class AgentEndpoint:
+    """Where the program's model lives, as the host sees it: ``base_url`` ends in ``/v1`` and must be loopback."""
+
+    base_url: str
+    api_key: str
+    model: str = "policy"
+
+
+@dataclass
+class ProgramTask:
+    """One episode's task. ``argv``: the command (``{python}`` is replaced by the interpreter), run in a working
+    directory holding ``files``; ``gold_replies``: a perfect model's reply to each call, in order;
+    ``outputs``: files the scorer reads back after the run; ``prompt``: what the task asks, for display."""
+
+    prompt: str
+    argv: list[str]
+    files: dict[str, str | bytes] = field(default_factory=dict)
+    gold_replies: list[str] = field(default_factory=list)
+    outputs: tuple[str, ...] = ()
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ProgramRun:
+    """What the program did: exit code (None when it was killed), its output, its output files."""
+
+    rc: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_s: float
+    outputs: dict[str, str] = field(default_factory=dict)
+    launch_error: str = ""
+    interfaces: tuple[str, ...] | None = None  # the sandbox's network interfaces, as seen from inside (None: local)
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """What an episode's info reports of the run (deterministic: no timings, no logs)."""
+        out: dict[str, Any] = {"agent_rc": self.rc, "agent_timed_out": self.timed_out}
+        if self.interfaces is not None:
+            out["sandbox_interfaces"] = list(self.interfaces)
+        return out
+
+
+@dataclass
+class ProgramOutcome:
+    """:meth:`AgentProgramEnv.run_program`'s answer. ``status``: ``ok``, ``truncated`` (the program ran out of
+    time) or ``env_error`` (it could not be started or its sandbox failed: the trainer masks the episode)."""
+
+    reward: float
+    reward_breakdown: dict[str, float]
+    status: str
+    error: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class AgentProgramEnv(AgentEnv):
+    """Base class of agent-program envs (see the module doc). ``program_timeout_s``: wall-clock limit of one run;
+    ``max_turns``: model calls allowed when played turn by turn; ``python_packages``: distributions the program
+    imports (mounted into the sandbox)."""
+
+    agent_program = True  # the trainer's episode runners look for this
+    media_kinds = ()
+
+    def __init__(self, *, runner: Literal["sandbox", "local"] = "sandbox", sandbox: SandboxSpec | dict[str, Any] | None = None,
+                 backend: str | None = None, program_timeout_s: float = 120.0, max_turns: int = 8,
+                 python_packages: tuple[str, ...] | list[str] = ("openai",), **kwargs: Any) -> None:
+        super().__init__(max_turns=max_turns, **kwargs)
+        if runner not in ("sandbox", "local"):
+            raise ValueError(f"runner must be 'sandbox' or 'local', got {runner!r}")
+        if program_timeout_s <= 0:
+            raise ValueError(f"program_timeout_s must be > 0, got {program_timeout_s}")
+        self.runner = runner
+        self.sandbox_spec = sandbox if isinstance(sandbox, SandboxSpec) else SandboxSpec.model_validate(sandbox or {})
+        self.backend = backend
+        self.program_timeout_s = float(program_timeout_s)
+        self.python_packages = tuple(python_packages)
+        self.task: ProgramTask | None = None
+        self._proxy: TurnProxy | None = None
+        self._thread: threading.Thread | None = None
+        self._replies = 0
+        self._last_exit: ProgramRun | None = None
+
+    # -- subclass hooks -----------------------------------------------------------------------------------
+
+    def _make_task(self, options: dict[str, Any]) -> ProgramTask:
+        raise NotImplementedError
+
+    def _score(self, run: ProgramRun) -> tuple[float, dict[str, float]]:
+        """Reward and its breakdown for a finished run of ``self.task``."""
+        raise NotImplementedError
+
+    # -- black box ----------------------------------------------------------------------------------------
+
+    def run_program(self, *, seed: int | None, endpoint: AgentEndpoint, options: dict[str, Any] | None = None) -> ProgramOutcome:
+        """Draw the task for ``seed``, run the program against ``endpoint`` to its end, score it. Never raises for
+        what the program or its sandbox does: a failure is an ``env_error`` outcome."""
+        self._stop_program()
+        super(AgentEnv, self).reset(seed=seed)  # gymnasium's seeding only: no turn-by-turn episode starts
+        self._done = True
+        try:
+            self.task = self._make_task(dict(options or {}))
+        except Exception as exc:  # noqa: BLE001 - a broken task is this episode's failure
+            return ProgramOutcome(0.0, {}, "env_error", f"{type(exc).__name__}: {exc}")
+        run = self._run(self.task, endpoint)
+        outcome = self._outcome(run)
+        outcome.info.update(agent_seconds=round(run.duration_s, 3), agent_stderr_tail=run.stderr[-MAX_LOG_CHARS:])
+        return outcome
+
+    def _outcome(self, run: ProgramRun) -> ProgramOutcome:
+        info = {**run.summary, **{k: v for k, v in (self.task.info if self.task else {}).items() if k != "question"}}
+        if run.launch_error:
+            return ProgramOutcome(0.0, {}, "env_error", run.launch_error, info)
+        try:
+            reward, breakdown = self._score(run)
+        except Exception as exc:  # noqa: BLE001 - the scorer failed, not the agent
+            return ProgramOutcome(0.0, {}, "env_error", f"scoring failed: {type(exc).__name__}: {exc}", info)
+        return ProgramOutcome(float(reward), dict(breakdown), "truncated" if run.timed_out else "ok", "", info)
+
+    # -- running the program ------------------------------------------------------------------------------
+
+    def _run(self, task: ProgramTask, endpoint: AgentEndpoint) -> ProgramRun:
+        try:
+            if self.runner == "local":
+                return self._run_local(task, endpoint)
+            return self._run_sandboxed(task, endpoint)
+        except Exception as exc:  # noqa: BLE001 - reported as a launch failure (env_error)
+            log.warning("agent program failed to run: %r", exc)
+            return ProgramRun(None, "", "", False, 0.0, launch_error=f"{type(exc).__name__}: {exc}")
+
+    def _run_local(self, task: ProgramTask, endpoint: AgentEndpoint) -> ProgramRun:
+        argv = [sys.executable if a == PYTHON else a for a in task.argv]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "LANG": "C.UTF-8", **_openai_env(endpoint)}
+        with tempfile.TemporaryDirectory(prefix="relax-gym-agent-") as work:
+            for name, data in task.files.items():
+                target = _inside(Path(work), name)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data.encode() if isinstance(data, str) else data)
+            start = time.monotonic()
+            try:
+                proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, timeout=self.program_timeout_s, check=False,
+                                      stdin=subprocess.DEVNULL)
+                rc, out, err, timed_out = proc.returncode, proc.stdout, proc.stderr, False
+            except subprocess.TimeoutExpired as exc:
+                rc, out, err, timed_out = None, exc.stdout or b"", exc.stderr or b"", True
+            outputs = {}
+            for name in task.outputs:
+                path = _inside(Path(work), name)
+                if path.is_file():
+                    outputs[name] = path.read_text(errors="replace")
+            return ProgramRun(rc, _text(out), _text(err), timed_out, time.monotonic() - start, outputs)
+
+    def _run_sandboxed(self, task: ProgramTask, endpoint: AgentEndpoint) -> ProgramRun:
+        from relax_gym.sandbox.bridge import (
+            bridge_mounts,
+            bridged_command,
+            shared_bridge,
+        )
+        from relax_gym.sandbox.pyruntime import (
+            python_packages_dir,
+            runtime_env,
+            runtime_mount,
+        )
+
+        host, port = _loopback_target(endpoint.base_url)
+        bridge = shared_bridge(host, port)
+        mounts = list(bridge_mounts(bridge))
+        env = {"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
+        if self.python_packages:
+            site = python_packages_dir(list(self.python_packages))
+            mounts.append(runtime_mount(site))
+            env.update(runtime_env(site))
+        inner_url = endpoint.base_url.replace(f"{host}:{port}", f"127.0.0.1:{SANDBOX_LISTEN_PORT}", 1)
+        env.update(_openai_env(AgentEndpoint(inner_url, endpoint.api_key, endpoint.model)))
+        spec = self.sandbox_spec.model_copy(update={"mounts": tuple(self.sandbox_spec.mounts) + tuple(mounts)})
+        sandbox = EpisodeSandbox(spec, backend=self.backend, episode_timeout_s=self.program_timeout_s + 60.0)
+        try:
+            interfaces = _interfaces(sandbox)
+            if not spec.network and interfaces != ("lo",):
+                raise RuntimeError(f"the sandbox should have no network but shows interfaces {', '.join(interfaces)}")
+            for name, data in task.files.items():
+                sandbox.write_file(name, data)
+            program = ["python3" if a == PYTHON else a for a in task.argv]
+            argv = bridged_command(program, listen_port=SANDBOX_LISTEN_PORT, env=env)
+            result = sandbox.exec(shlex.join(argv), timeout=self.program_timeout_s)
+            outputs = {}
+            for name in task.outputs:
+                got = sandbox.exec(f"cat {shlex.quote(name)}", timeout=30)
+                if got.rc == 0:
+                    outputs[name] = got.stdout
+            return ProgramRun(None if result.timed_out else result.rc, result.stdout, result.stderr, bool(result.timed_out),
+                              float(result.duration), outputs, interfaces=interfaces)
+        finally:
+            sandbox.release()
+
+    # -- turn by turn (gymnasium) ---------------------------------------------------------------------------
+
+    def _reset(self, options: dict[str, Any]) -> Opening:
+        self._stop_program()
+        self.task = self._make_task(options)
+        if self._proxy is None:
+            self._proxy = TurnProxy()
+        endpoint = self._proxy.open_episode()
+        task, self._replies, self._last_exit = self.task, 0, None
+        self._thread = threading.Thread(target=self._play, args=(task, endpoint), name="agent-program", daemon=True)
+        self._thread.start()
+        event = self._proxy.next_event(self.program_timeout_s + 30.0)
+        if isinstance(event, ProgramExit):  # it ended without calling the model: the first step scores it
+            self._last_exit = event.run
+            return Opening([Message(role="user", content=(TextPart(task.prompt),))], self._gold_reply(), dict(task.info))
+        return Opening(event.messages, self._gold_reply(), {**task.info, **event.info})
+
+    def _play(self, task: ProgramTask, endpoint: AgentEndpoint) -> None:
+        assert self._proxy is not None
+        run = self._run(task, endpoint)
+        self._proxy.program_exited(endpoint.api_key, run)
+
+    def _step(self, action: str) -> Outcome:
+        assert self._proxy is not None
+        if self._last_exit is None:
+            self._proxy.reply(action)
+            self._replies += 1
+            event = self._proxy.next_event(self.program_timeout_s + 30.0)
+            if not isinstance(event, ProgramExit):
+                return Outcome(event.messages, 0.0, False, {}, gold=self._gold_reply(), info=event.info)
+            self._last_exit = event.run
+        outcome = self._outcome(self._last_exit)
+        if outcome.status == "env_error":
+            raise RuntimeError(outcome.error)
+        return Outcome([], outcome.reward, True, outcome.reward_breakdown, info=outcome.info)
+
+    def _gold_reply(self) -> str:
+        gold = self.task.gold_replies if self.task else []
+        return gold[min(self._replies, len(gold) - 1)] if gold else "<answer></answer>"
+
+    def _stop_program(self) -> None:
+        """End the turn-by-turn episode in flight: its pending call is refused, so the program exits."""
+        if self._proxy is not None:
+            self._proxy.close_episode()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=self.program_timeout_s + 60.0)
+
+    def close(self) -> None:
+        self._stop_program()
+        if self._proxy is not None:
+            self._proxy.close()
+            self._proxy = None
+        super().close()
+
+
+def _interfaces(sandbox: EpisodeSandbox) -> tuple[str, ...]:
+    """The network interfaces the sandbox's processes see (``/proc/net/dev`` of its network namespace)."""
+    got = sandbox.exec("cat /proc/net/dev", timeout=30)
+    if got.rc != 0:
+        raise RuntimeError(f"cannot list the sandbox's network interfaces: {got.stderr.strip()[:200]}")
+    return tuple(sorted(line.split(":", 1)[0].strip() for line in got.stdout.splitlines()[2:] if ":" in line))
+
+
+def _openai_env(endpoint: AgentEndpoint) -> dict[str, str]:
+    return {"OPENAI_BASE_URL": endpoint.base_url, "OPENAI_API_KEY": endpoint.api_key, "OPENAI_MODEL": endpoint.model}
+
+
+def _loopback_target(base_url: str) -> tuple[str, int]:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(base_url)
+    if parts.scheme != "http" or not parts.hostname or not parts.port:
+        raise ValueError(f"endpoint base_url {base_url!r} must be http://HOST:PORT/... with an explicit port")
+    return parts.hostname, parts.port
+
+
+def _inside(root: Path, name: str) -> Path:
+    path = (root / name).resolve()
+    if root.resolve() not in path.parents:
+        raise ValueError(f"task file {name!r} is outside the working directory")
+    return path
+
+
+def _text(data: bytes | str | None) -> str:
+    if data is None:
+        return ""
+    return data if isinstance(data, str) else data.decode("utf-8", errors="replace")

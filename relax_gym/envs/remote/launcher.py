@@ -1,0 +1,170 @@
+"""Start (and stop) the env server of a manifest whose ``[server]`` table names an interpreter.
+
+``relax_gym.make(ID)`` for such a manifest calls :func:`served_env`: the first call in a process starts
+``<python> -m relax_gym.envs.remote.server ID --manifest <env.toml> --port 0 ...`` as a child process, waits until
+it has written its URL to a ready file, and every env of that manifest made in this process shares it. The child:
+
+- binds a free loopback port and needs a random token (passed in its environment, never on its command line);
+- finds relax_gym in its own environment if installed there, and otherwise this process's copy (its folder is
+  appended to the child's ``sys.path``, so the child's interpreter still needs relax_gym's dependencies);
+- writes its stdout and stderr to ``$RELAX_GYM_CACHE/env-servers/<id>-<parent pid>.log`` (default cache:
+  ``~/.cache/relax-gym``), which every startup error names;
+- is stopped when this process exits (and stops by itself when this process is gone).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import relax_gym
+from relax_gym.envs.manifest import EnvManifest, ManifestError, load_manifest
+from relax_gym.envs.remote.client import RemoteEnv
+from relax_gym.envs.remote.server import TOKEN_VAR
+
+# Runs in the child: its own relax_gym if it has one, else ours (appended, so its own packages come first). A spec
+# without an origin is a namespace package (e.g. a folder of data files left by an editable install), not relax_gym.
+_BOOTSTRAP = """\
+import importlib.util, sys
+_spec = importlib.util.find_spec("relax_gym")
+if _spec is None or _spec.origin is None:
+    sys.path.append({root!r})
+from relax_gym.envs.remote.server import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+class ServerStartError(RuntimeError):
+    """The env server of a manifest did not start; the message names its log file."""
+
+
+@dataclass
+class ServerProcess:
+    env_id: str
+    manifest: Path
+    python: Path
+    process: subprocess.Popen
+    url: str
+    token: str
+    log_path: Path
+    workdir: Path
+    owner_pid: int
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if os.getpid() != self.owner_pid:  # a forked child shares the parent's server: never stop it from there
+            return
+        if self.alive():
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+_servers: dict[str, ServerProcess] = {}
+_lock = threading.Lock()
+
+
+def log_dir() -> Path:
+    cache = os.environ.get("RELAX_GYM_CACHE")
+    return (Path(cache).expanduser() if cache else Path.home() / ".cache" / "relax-gym") / "env-servers"
+
+
+def served_env(*, relax_manifest: str, **kwargs: Any) -> RemoteEnv:
+    """gymnasium's entry point for a ``[server]`` manifest: a client env of its server (started here if needed).
+    ``kwargs``: the caller's env kwargs (the manifest's own are applied on the server) and ``remote_*`` options."""
+    path = Path(relax_manifest)
+    m = load_manifest(path)
+    spec = m.server
+    if spec is None:
+        raise ManifestError(path, "has no [server] table", field="server")
+    kwargs.setdefault("remote_media", spec.media)
+    if spec.url:
+        kwargs.setdefault("remote_token", os.environ.get(spec.token_env))
+        return RemoteEnv(spec.url, spec.env_id or m.id, **kwargs)
+    server = ensure_server(path, m)
+    kwargs["remote_token"] = server.token
+    return RemoteEnv(server.url, m.id, **kwargs)
+
+
+def ensure_server(path: Path, manifest: EnvManifest | None = None) -> ServerProcess:
+    """The running server of this manifest in this process, started if there is none (or it died)."""
+    key = os.path.abspath(path)
+    with _lock:
+        known = _servers.get(key)
+        if known is not None and known.alive():
+            return known
+        m = manifest or load_manifest(path)
+        server = _start(Path(key), m)
+        _servers[key] = server
+        return server
+
+
+def stop_all() -> None:
+    with _lock:
+        servers = list(_servers.values())
+        _servers.clear()
+    for s in servers:
+        s.stop()
+
+
+atexit.register(stop_all)
+
+
+def _start(path: Path, m: EnvManifest) -> ServerProcess:
+    python = m.server.interpreter(path.parent)
+    field = "server.python" if m.server.python else "server.venv"
+    if not python.is_file() or not os.access(python, os.X_OK):
+        raise ManifestError(path, f"no Python interpreter at {python}", field=field)
+    logs = log_dir()
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{m.id}-{os.getpid()}.log"
+    workdir = Path(tempfile.mkdtemp(prefix=f"relax-gym-env-{m.id}-"))
+    ready = workdir / "ready.json"
+    token = secrets.token_hex(16)
+    root = str(Path(relax_gym.__file__).resolve().parent.parent)
+    cmd = [str(python), "-c", _BOOTSTRAP.format(root=root), m.id, "--manifest", str(path), "--host", "127.0.0.1",
+           "--port", "0", "--ready-file", str(ready), "--spool", str(workdir / "spool"), "--parent-pid", str(os.getpid())]
+    env = {**os.environ, TOKEN_VAR: token, "PYTHONUNBUFFERED": "1"}
+    with log_path.open("ab") as log:
+        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {python} -m relax_gym.envs.remote.server {m.id}\n".encode())
+        log.flush()
+        process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+    deadline = time.monotonic() + m.server.startup_timeout_s
+    while not ready.is_file():
+        code = process.poll()
+        if code is not None or time.monotonic() > deadline:
+            if code is None:
+                process.kill()
+                process.wait()
+            shutil.rmtree(workdir, ignore_errors=True)
+            why = (f"exited with status {code}" if code is not None
+                   else f"was not ready after {m.server.startup_timeout_s:.0f} s ([server] startup_timeout_s)")
+            raise ServerStartError(f"the env server of {path} ({python}) {why}; its log: {log_path}\n{_tail(log_path)}")
+        time.sleep(0.02)
+    url = json.loads(ready.read_text())["url"]
+    return ServerProcess(m.id, path, python, process, url, token, log_path, workdir, os.getpid())
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("  | " + line for line in text[-lines:])

@@ -1,0 +1,234 @@
+"""A loopback OpenAI chat endpoint that turns an agent program's model calls into gymnasium turns.
+
+:class:`~relax_gym.envs.agent_program.AgentProgramEnv` plays a black-box agent turn by turn through this proxy:
+each ``POST /v1/chat/completions`` the program makes is handed to the env as an event (the conversation the
+model would see, only the messages that are new since the previous call), and the call waits until the env
+answers it with the policy's action. The action's ``<tool_call>`` blocks become the response's ``tool_calls``.
+
+One episode at a time, with its own API key: a call with another key (a program left over from an earlier
+episode) is refused with 401, and :meth:`TurnProxy.close_episode` refuses the call in flight, so the program
+stops. Binds 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import secrets
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from relax_gym.omni import Message, TextPart, from_openai
+from relax_gym.omni.openai_tools import (
+    FunctionTool,
+    conversation_dicts,
+    reply_key,
+    split_reply,
+    tool_mode,
+)
+
+if TYPE_CHECKING:
+    from relax_gym.envs.agent_program import AgentEndpoint, ProgramRun
+
+MAX_BODY_BYTES = 64 << 20
+
+
+@dataclass
+class CallEvent:
+    """A model call: the messages new since the last one (the whole conversation when the program rewrote
+    history: ``info["history_rewritten"]``)."""
+
+    messages: list[Message]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ProgramExit:
+    run: ProgramRun
+
+
+@dataclass
+class _Episode:
+    key: str
+    events: queue.Queue = field(default_factory=queue.Queue)
+    pending: queue.Queue | None = None  # where the call in flight waits for its reply
+    seen: list[Message] = field(default_factory=list)
+    raw_replies: dict[tuple, str] = field(default_factory=dict)  # reply_key(content, tool_calls) -> the reply text
+    closed: bool = False
+
+
+class TurnProxy:
+    """The endpoint (see the module doc). Thread-safe between the HTTP handler threads and the env's thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._episode: _Episode | None = None
+        proxy = self
+
+        class Handler(_Handler):
+            owner = proxy
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="turn-proxy", daemon=True)
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    # -- the env's side ---------------------------------------------------------------------------------------
+
+    def open_episode(self) -> AgentEndpoint:
+        from relax_gym.envs.agent_program import AgentEndpoint
+
+        self.close_episode()
+        episode = _Episode(key=f"turn-{secrets.token_hex(16)}")
+        with self._lock:
+            self._episode = episode
+        return AgentEndpoint(self.base_url, episode.key)
+
+    def next_event(self, timeout: float) -> CallEvent | ProgramExit:
+        """The program's next call, or its exit; TimeoutError when neither comes within ``timeout``."""
+        episode = self._current()
+        try:
+            return episode.events.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"the agent program neither called the model nor exited within {timeout:g} s") from None
+
+    def reply(self, text: str) -> None:
+        """Answer the call in flight with ``text`` (the policy's action)."""
+        episode = self._current()
+        with self._lock:
+            pending, episode.pending = episode.pending, None
+        if pending is None:
+            raise RuntimeError("no model call is waiting for a reply")
+        pending.put(text)
+
+    def program_exited(self, key: str, run: ProgramRun) -> None:
+        with self._lock:
+            episode = self._episode if self._episode is not None and self._episode.key == key else None
+        if episode is not None:
+            episode.events.put(ProgramExit(run))
+
+    def close_episode(self) -> None:
+        with self._lock:
+            episode, self._episode = self._episode, None
+        if episode is not None:
+            episode.closed = True
+            if episode.pending is not None:
+                episode.pending.put(None)
+
+    def close(self) -> None:
+        self.close_episode()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _current(self) -> _Episode:
+        with self._lock:
+            if self._episode is None:
+                raise RuntimeError("no episode is open")
+            return self._episode
+
+    # -- the program's side (handler threads) -----------------------------------------------------------------
+
+    def _call(self, key: str, body: Any) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            episode = self._episode if self._episode is not None and self._episode.key == key else None
+        if episode is None or episode.closed:
+            return 401, _error("the API key does not belong to the episode in progress", "invalid_api_key")
+        try:
+            conversation, tools_listed = _conversation(body, episode.raw_replies)
+        except (ValueError, ValidationError) as exc:  # ConversationFormatError is a ValueError
+            return 400, _error(str(exc), "invalid_request_error", "messages")
+        n = len(episode.seen)
+        if conversation[:n] == episode.seen:
+            event = CallEvent(conversation[n:])
+        else:
+            event = CallEvent(conversation, {"history_rewritten": True})
+        pending: queue.Queue = queue.Queue(maxsize=1)
+        with self._lock:
+            if episode.pending is not None:
+                return 409, _error("another model call of this episode is still waiting for its reply", "conflict")
+            episode.pending = pending
+        episode.events.put(event)
+        text = pending.get()
+        if text is None:
+            return 503, _error("the episode ended before this call was answered", "episode_closed")
+        content, calls = split_reply(text) if tools_listed else (text, [])
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+            episode.raw_replies[reply_key(content, calls)] = text
+        episode.seen = conversation + [Message(role="assistant", content=(TextPart(text),))]
+        finish = "tool_calls" if calls else "stop"
+        return 200, {"id": f"chatcmpl-{secrets.token_hex(8)}", "object": "chat.completion", "created": 0,
+                     "model": str(body.get("model", "policy")), "system_fingerprint": None,
+                     "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                     "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+
+
+def _conversation(body: dict[str, Any], raw_replies: dict[tuple, str]) -> tuple[list[Message], bool]:
+    """The conversation the model sees for a request (tools rendered into the system message, as the trainer's
+    endpoint renders them), and whether tools are listed (then the reply's tool calls are parsed)."""
+    raw_tools = body.get("tools") or []
+    if not isinstance(raw_tools, list):
+        raise ValueError("tools must be a list")  # noqa: TRY004 - answered as a 400 with the other request errors
+    tools = [FunctionTool.model_validate(t) for t in raw_tools]
+    mode = tool_mode(tools, body.get("tool_choice"))
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    dicts = conversation_dicts(messages, tools, mode, raw_text=lambda calls, key: raw_replies.get(key))
+    return from_openai(dicts), mode.listed
+
+
+def _error(message: str, kind: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    owner: TurnProxy
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "relax-gym"}]})
+        else:
+            self._send(404, _error(f"no route {self.path}", "not_found_error"))
+
+    def do_POST(self) -> None:
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            self._send(404, _error(f"no route {self.path}", "not_found_error"))
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY_BYTES:
+            self._send(413, _error(f"body of {length} bytes is larger than {MAX_BODY_BYTES}", "invalid_request_error"))
+            return
+        try:
+            body = json.loads(self.rfile.read(length) or b"null")
+        except ValueError as exc:
+            self._send(400, _error(f"invalid JSON: {exc}", "invalid_request_error"))
+            return
+        if not isinstance(body, dict):
+            self._send(400, _error("the body must be a JSON object", "invalid_request_error"))
+            return
+        auth = self.headers.get("Authorization") or ""
+        key = auth.removeprefix("Bearer ").strip()
+        status, answer = self.owner._call(key, body)
+        self._send(status, answer)
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)

@@ -1,0 +1,90 @@
+"""Agent-program envs (relax_gym/envs/agent_program.py): a black-box program on the official openai client, run
+as a local child process here (the sandboxed runner: tests/envs/test_agent_program_sandbox.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from relax_gym.envs import check_env
+from relax_gym.envs.agent_program import (
+    PYTHON,
+    AgentEndpoint,
+    AgentProgramEnv,
+    ProgramRun,
+    ProgramTask,
+)
+from relax_gym.envs.openai_agent import OpenAIAgentEnv
+from tests.envs.scripted_model import ScriptedModel, gold_replies
+
+
+@pytest.fixture
+def env():
+    e = OpenAIAgentEnv(runner="local")
+    yield e
+    e.close()
+
+
+def test_gold_replies_through_the_real_agent_earn_the_full_reward(env):
+    gold = gold_replies(OpenAIAgentEnv, seed=5)
+    model = ScriptedModel(lambda body, i: gold[min(i, len(gold) - 1)])
+    try:
+        outcome = env.run_program(seed=5, endpoint=AgentEndpoint(model.base_url, "episode-key"))
+    finally:
+        model.close()
+    assert outcome.status == "ok" and outcome.reward == pytest.approx(1.0), outcome
+    assert outcome.reward_breakdown == {"accuracy": 1.0, "format": 1.0}
+    assert len(model.requests) == 2 and model.keys == ["Bearer episode-key"] * 2
+    first, second = model.requests
+    assert first["tools"][0]["function"]["name"] == "python" and first["messages"][-1]["role"] == "user"
+    # the agent ran the python tool itself and sent its output back as a tool message
+    tool = second["messages"][-1]
+    assert tool["role"] == "tool" and tool["content"].strip() == gold[1].split("<answer>")[1].split("</answer>")[0]
+
+
+def test_a_wrong_final_answer_scores_format_only(env):
+    model = ScriptedModel(lambda body, i: "<think>guess</think><answer>-1</answer>")
+    try:
+        outcome = env.run_program(seed=1, endpoint=AgentEndpoint(model.base_url, "k"))
+    finally:
+        model.close()
+    assert outcome.status == "ok" and outcome.reward == pytest.approx(0.1)
+    assert outcome.reward_breakdown == {"accuracy": 0.0, "format": 1.0}
+
+
+class _Broken(AgentProgramEnv):
+    def __init__(self, argv: list[str], **kwargs):
+        super().__init__(runner="local", **kwargs)
+        self.argv = argv
+
+    def _make_task(self, options):
+        return ProgramTask(prompt="p", argv=self.argv, files={"a.py": "import time, sys\ntime.sleep(float(sys.argv[1]))\n"})
+
+    def _score(self, run: ProgramRun):
+        return (0.5 if run.rc == 0 else 0.0), {"ran": float(run.rc == 0)}
+
+
+def test_a_program_that_cannot_start_is_an_env_error():
+    outcome = _Broken(["/nonexistent/agent-binary"]).run_program(seed=0, endpoint=AgentEndpoint("http://127.0.0.1:9/v1", "k"))
+    assert outcome.status == "env_error" and "nonexistent" in outcome.error and outcome.reward == 0.0
+
+
+def test_a_program_that_runs_out_of_time_is_truncated_and_scored():
+    env = _Broken([PYTHON, "a.py", "30"], program_timeout_s=1.0)
+    outcome = env.run_program(seed=0, endpoint=AgentEndpoint("http://127.0.0.1:9/v1", "k"))
+    assert outcome.status == "truncated" and outcome.info["agent_timed_out"] and outcome.reward == 0.0
+
+
+def test_turn_by_turn_play_passes_check_env(env):
+    report = check_env(env, seeds=(0,), skip_gym=True)
+    assert "gold action => max reward" in report.passed
+
+
+def test_turn_by_turn_observations_are_the_agents_calls(env):
+    obs, info = env.reset(seed=2)
+    system, user = obs
+    assert system.role == "system" and "<tools>" in system.content[0].text and '"python"' in system.content[0].text
+    assert user.role == "user" and user.content[0].text == env.task.prompt
+    obs, reward, terminated, _, info = env.step(info["gold"])
+    assert not terminated and [m.role for m in obs] == ["tool"] and "<tool_response>" in obs[0].content[0].text
+    obs, reward, terminated, _, info = env.step(info["gold"])
+    assert terminated and reward == pytest.approx(1.0) and obs == []

@@ -1,0 +1,120 @@
+"""The OpenAI gateway (trainer/engines/openai_gateway.py) and the trajectories built from its recordings
+(trainer/rollout/program_episode.py): a real agent program on the openai client, the tiny policy behind the
+embedded engine over HTTP, the gateway in front of the engine client."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from relax_gym.envs.agent_program import (
+    PYTHON,
+    AgentEndpoint,
+    AgentProgramEnv,
+    ProgramOutcome,
+    ProgramTask,
+)
+from relax_gym.trainer.engines.client import AsyncEngineClient
+from relax_gym.trainer.rollout.program_episode import (
+    ProgramEpisodes,
+    split_segments,
+    trajectory_from_calls,
+)
+from tests.trainer.engines.conftest import start, stop
+
+# Two calls that extend each other, then the agent trims its history (a new segment) and extends that once more.
+AGENT = '''
+from openai import OpenAI
+c = OpenAI(max_retries=0)
+def ask(msgs):
+    r = c.chat.completions.create(model="any", messages=msgs, max_tokens=500, temperature=0.0)
+    return r.choices[0].message.model_dump(exclude_none=True)
+msgs = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "one"}]
+msgs += [ask(msgs), {"role": "user", "content": "two"}]
+ask(msgs)
+msgs = [msgs[0], {"role": "user", "content": "again"}]
+msgs += [ask(msgs), {"role": "user", "content": "more"}]
+ask(msgs)
+'''
+SAMPLING = {"max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0}
+
+
+class _Chatty(AgentProgramEnv):
+    def _make_task(self, options):
+        return ProgramTask(prompt="chat", argv=[PYTHON, "agent.py"], files={"agent.py": AGENT})
+
+    def _score(self, run):
+        return (1.0 if run.rc == 0 else 0.0), {"exit_ok": float(run.rc == 0)}
+
+
+@pytest.fixture(scope="module")
+def served_policy(policy):
+    s = start(*policy)
+    yield s
+    stop(s)
+
+
+def test_recorded_calls_become_the_trained_sequence(served_policy):
+    env = _Chatty(runner="local")
+
+    async def main():
+        client = AsyncEngineClient(served_policy.server.url)
+        programs = ProgramEpisodes(served_policy.processor)
+        try:
+            gateway = programs.gateway(client, SAMPLING)
+            session, key = gateway.open_session()
+            outcome = await asyncio.to_thread(env.run_program, seed=0, endpoint=AgentEndpoint(gateway.base_url, key))
+            calls = gateway.close_session(session)
+            assert gateway.close_session(session) == [], "a closed session keeps nothing"
+            return outcome, calls
+        finally:
+            programs.close()
+            await client.aclose()
+
+    outcome, calls = asyncio.run(main())
+    assert outcome.status == "ok" and outcome.reward == 1.0, outcome
+    assert len(calls) == 4 and all(len(c.completion_ids) <= SAMPLING["max_new_tokens"] for c in calls), \
+        "the trainer's max_new_tokens caps the agent's max_tokens"
+    assert all(c.sampling["temperature"] == 1.0 for c in calls), "the trainer's temperature replaces the agent's 0.0"
+    first, second, third, fourth = calls
+    assert second.prompt_ids[: len(first.prompt_ids) + len(first.completion_ids)] == first.prompt_ids + first.completion_ids
+    assert [len(s) for s in split_segments(calls)] == [2, 2]
+    traj = trajectory_from_calls(calls, outcome, seed=0, group_id=3)
+    assert traj.input_ids == fourth.prompt_ids + fourth.completion_ids, "the trained ids are the recorded ones"
+    trained = [i for i, m in zip(traj.input_ids, traj.loss_mask) if m]
+    assert trained == third.completion_ids + fourth.completion_ids
+    at = len(third.prompt_ids)
+    assert traj.rollout_logprobs[at: at + len(third.completion_ids)] == pytest.approx(third.logprobs)
+    assert traj.info["agent_segments"] == 2
+    assert traj.info["agent_untrained_tokens"] == len(first.completion_ids) + len(second.completion_ids)
+    assert traj.trainable and traj.turns == 2 and traj.group_id == 3
+
+
+def _call(prompt, completion, logprobs=None):
+    return SimpleNamespace(prompt_ids=prompt, completion_ids=completion, logprobs=logprobs or [-0.5] * len(completion),
+                           weight_version="7", mm={})
+
+
+def test_segments_split_where_a_prompt_stops_extending_the_sequence():
+    a = _call([1, 2], [3])
+    b = _call([1, 2, 3, 9], [4, 5])
+    c = _call([1, 2, 8], [6])  # rewrote history after token 2
+    assert [len(s) for s in split_segments([a, b, c])] == [2, 1]
+    assert [len(s) for s in split_segments([])] == []
+
+
+def test_an_agent_that_never_called_the_model_is_masked():
+    traj = trajectory_from_calls([], ProgramOutcome(0.1, {"format": 1.0}, "ok"), seed=1, group_id=0)
+    assert traj.status == "env_error" and not traj.trainable and "no model call" in traj.error
+    failed = trajectory_from_calls([_call([1], [2])], ProgramOutcome(0.0, {}, "env_error", "sandbox gone"), seed=1, group_id=0)
+    assert failed.status == "env_error" and failed.error == "sandbox gone" and not failed.trainable
+
+
+def test_a_timed_out_program_is_trained_with_its_score():
+    traj = trajectory_from_calls([_call([1, 2], [3, 4], [-0.1, float("-inf")])], ProgramOutcome(0.0, {}, "truncated"),
+                                 seed=1, group_id=0)
+    assert traj.status == "truncated" and traj.trainable
+    assert traj.loss_mask == [0, 0, 1, 1] and traj.rollout_logprobs == [0.0, 0.0, -0.1, 0.0]
+    assert traj.weight_versions == ["7"]
