@@ -179,14 +179,29 @@ def envs_serve(
                                               help="every request must carry 'Authorization: Bearer <token>'")] = None,
     max_sessions: Annotated[int, typer.Option(min=1, help="env instances open at once")] = 1024,
     idle_timeout: Annotated[float, typer.Option(min=1, help="seconds after which an unused session is closed")] = 3600.0,
+    kwargs: Annotated[str | None, typer.Option("--kwargs", show_default=False,
+                                               help='constructor kwargs of every session, a JSON object, e.g. \'{"split": "val"}\'')] = None,
+    allow_kwarg: Annotated[list[str] | None, typer.Option("--allow-kwarg", show_default=False,
+                                                          help="a constructor kwarg clients may send (repeatable; none by "
+                                                               "default; never runner, sandbox, backend, dataset, *dir, *path, "
+                                                               "*root, *file(s))")] = None,
 ) -> None:
     """Serve an environment over HTTP until interrupted: clients make it with
     relax_gym.make("remote:URL/ENV_ID") or a manifest's [server] url (docs/env-servers.md)."""
     from relax_gym.envs import DatasetError, ManifestError, UnknownEnvError
     from relax_gym.envs.remote.server import EnvServer, ServeError
 
+    fixed: Any = {}
+    if kwargs:
+        try:
+            fixed = json.loads(kwargs)
+        except ValueError as exc:
+            raise _fail(f"--kwargs is not JSON: {exc}", 2) from None
+        if not isinstance(fixed, dict):
+            raise _fail("--kwargs must be a JSON object", 2)
     try:
-        server = EnvServer(env_id, host=host, port=port, token=token, max_sessions=max_sessions, idle_timeout_s=idle_timeout)
+        server = EnvServer(env_id, host=host, port=port, token=token, max_sessions=max_sessions, idle_timeout_s=idle_timeout,
+                           kwargs=fixed, allow_kwargs=allow_kwarg or ())
     except ServeError as exc:
         raise _fail(str(exc), 2) from None
     except (UnknownEnvError, DatasetError, ManifestError, OSError) as exc:

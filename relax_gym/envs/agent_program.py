@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,7 +41,7 @@ from typing import Any, Literal
 
 from relax_gym.envs.core import AgentEnv, Opening, Outcome
 from relax_gym.envs.episode_sandbox import EpisodeSandbox
-from relax_gym.envs.turn_proxy import ProgramExit, TurnProxy
+from relax_gym.envs.turn_proxy import HistoryRewritten, ProgramExit, TurnProxy
 from relax_gym.omni import Message, TextPart
 from relax_gym.sandbox.spec import SandboxSpec
 
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 PYTHON = "{python}"  # in a task's argv: this interpreter when local, python3 in a sandbox
 MAX_LOG_CHARS = 4_000
 SANDBOX_LISTEN_PORT = 8765  # the forwarder's port on the sandbox's own loopback
+ENV_FILE = ".relax-agent.env"  # in the sandbox's workdir: the endpoint and key, read (and deleted) by the forwarder
 
 
 @dataclass(frozen=True)
@@ -191,12 +193,16 @@ class AgentProgramEnv(AgentEnv):
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data.encode() if isinstance(data, str) else data)
             start = time.monotonic()
+            # its own session: on a timeout the whole group goes (the agent's tool processes included)
+            proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True)
             try:
-                proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, timeout=self.program_timeout_s, check=False,
-                                      stdin=subprocess.DEVNULL)
-                rc, out, err, timed_out = proc.returncode, proc.stdout, proc.stderr, False
-            except subprocess.TimeoutExpired as exc:
-                rc, out, err, timed_out = None, exc.stdout or b"", exc.stderr or b"", True
+                out, err = proc.communicate(timeout=self.program_timeout_s)
+                rc, timed_out = proc.returncode, False
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                out, err = proc.communicate()
+                rc, timed_out = None, True
             outputs = {}
             for name in task.outputs:
                 path = _inside(Path(work), name)
@@ -225,8 +231,10 @@ class AgentProgramEnv(AgentEnv):
             mounts.append(runtime_mount(site))
             env.update(runtime_env(site))
         inner_url = endpoint.base_url.replace(f"{host}:{port}", f"127.0.0.1:{SANDBOX_LISTEN_PORT}", 1)
-        env.update(_openai_env(AgentEndpoint(inner_url, endpoint.api_key, endpoint.model)))
-        spec = self.sandbox_spec.model_copy(update={"mounts": tuple(self.sandbox_spec.mounts) + tuple(mounts)})
+        secrets = _openai_env(AgentEndpoint(inner_url, endpoint.api_key, endpoint.model))
+        # validated again: the mounts must not clash with the spec's workdir or its own mounts
+        spec = SandboxSpec.model_validate({**self.sandbox_spec.model_dump(),
+                                           "mounts": [*self.sandbox_spec.model_dump()["mounts"], *(m.model_dump() for m in mounts)]})
         sandbox = EpisodeSandbox(spec, backend=self.backend, episode_timeout_s=self.program_timeout_s + 60.0)
         try:
             interfaces = _interfaces(sandbox)
@@ -234,8 +242,11 @@ class AgentProgramEnv(AgentEnv):
                 raise RuntimeError(f"the sandbox should have no network but shows interfaces {', '.join(interfaces)}")
             for name, data in task.files.items():
                 sandbox.write_file(name, data)
+            # the episode's key goes in a file the forwarder reads and deletes: a command line shows in the host's ps
+            env_file = f"{spec.workdir}/{ENV_FILE}"
+            sandbox.write_file(ENV_FILE, "".join(f"{k}={v}\n" for k, v in secrets.items()))
             program = ["python3" if a == PYTHON else a for a in task.argv]
-            argv = bridged_command(program, listen_port=SANDBOX_LISTEN_PORT, env=env)
+            argv = bridged_command(program, listen_port=SANDBOX_LISTEN_PORT, env=env, env_file=env_file)
             result = sandbox.exec(shlex.join(argv), timeout=self.program_timeout_s)
             outputs = {}
             for name in task.outputs:
@@ -275,6 +286,9 @@ class AgentProgramEnv(AgentEnv):
             self._proxy.reply(action)
             self._replies += 1
             event = self._proxy.next_event(self.program_timeout_s + 30.0)
+            if isinstance(event, HistoryRewritten):
+                raise RuntimeError("the agent program rewrote its conversation history, which turn-by-turn play cannot "
+                                   "follow (run_program, the trainer's path, trains such agents)")
             if not isinstance(event, ProgramExit):
                 return Outcome(event.messages, 0.0, False, {}, gold=self._gold_reply(), info=event.info)
             self._last_exit = event.run
@@ -301,6 +315,13 @@ class AgentProgramEnv(AgentEnv):
             self._proxy.close()
             self._proxy = None
         super().close()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _interfaces(sandbox: EpisodeSandbox) -> tuple[str, ...]:

@@ -5,13 +5,16 @@ each ``POST /v1/chat/completions`` the program makes is handed to the env as an 
 model would see, only the messages that are new since the previous call), and the call waits until the env
 answers it with the policy's action. The action's ``<tool_call>`` blocks become the response's ``tool_calls``.
 
-One episode at a time, with its own API key: a call with another key (a program left over from an earlier
-episode) is refused with 401, and :meth:`TurnProxy.close_episode` refuses the call in flight, so the program
-stops. Binds 127.0.0.1 only.
+One endpoint per process, on 127.0.0.1; every episode has its own API key, compared in constant time. A call with
+a key of no open episode (a program left over from an earlier one) is refused with 401, and
+:meth:`TurnProxy.close_episode` refuses the call in flight, so the program stops. Play is append-only: a call that
+does not extend the previous one (the agent rewrote its history) is refused, and the env ends that episode as an
+``env_error`` (the black-box path trains such agents).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import queue
 import secrets
@@ -39,8 +42,7 @@ MAX_BODY_BYTES = 64 << 20
 
 @dataclass
 class CallEvent:
-    """A model call: the messages new since the last one (the whole conversation when the program rewrote
-    history: ``info["history_rewritten"]``)."""
+    """A model call: the messages new since the previous one."""
 
     messages: list[Message]
     info: dict[str, Any] = field(default_factory=dict)
@@ -61,102 +63,65 @@ class _Episode:
     closed: bool = False
 
 
-class TurnProxy:
-    """The endpoint (see the module doc). Thread-safe between the HTTP handler threads and the env's thread."""
+class _Server:
+    """The process's one loopback endpoint; episodes are told apart by their keys (see :class:`TurnProxy`)."""
+
+    _instance: _Server | None = None
+    _instance_lock = threading.Lock()
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._episode: _Episode | None = None
-        proxy = self
+        self.lock = threading.Lock()
+        self.episodes: dict[str, _Episode] = {}
+        server = self
 
         class Handler(_Handler):
-            owner = proxy
+            owner = server
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="turn-proxy", daemon=True)
-        self._thread.start()
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http.daemon_threads = True
+        threading.Thread(target=self._http.serve_forever, name="turn-proxy", daemon=True).start()
+
+    @classmethod
+    def shared(cls) -> _Server:
+        with cls._instance_lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        return f"http://127.0.0.1:{self._http.server_address[1]}/v1"
 
-    # -- the env's side ---------------------------------------------------------------------------------------
+    def episode(self, key: str) -> _Episode | None:
+        with self.lock:
+            found = next((e for k, e in self.episodes.items() if hmac.compare_digest(k, key)), None)
+        return found
 
-    def open_episode(self) -> AgentEndpoint:
-        from relax_gym.envs.agent_program import AgentEndpoint
-
-        self.close_episode()
-        episode = _Episode(key=f"turn-{secrets.token_hex(16)}")
-        with self._lock:
-            self._episode = episode
-        return AgentEndpoint(self.base_url, episode.key)
-
-    def next_event(self, timeout: float) -> CallEvent | ProgramExit:
-        """The program's next call, or its exit; TimeoutError when neither comes within ``timeout``."""
-        episode = self._current()
-        try:
-            return episode.events.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError(f"the agent program neither called the model nor exited within {timeout:g} s") from None
-
-    def reply(self, text: str) -> None:
-        """Answer the call in flight with ``text`` (the policy's action)."""
-        episode = self._current()
-        with self._lock:
-            pending, episode.pending = episode.pending, None
-        if pending is None:
-            raise RuntimeError("no model call is waiting for a reply")
-        pending.put(text)
-
-    def program_exited(self, key: str, run: ProgramRun) -> None:
-        with self._lock:
-            episode = self._episode if self._episode is not None and self._episode.key == key else None
-        if episode is not None:
-            episode.events.put(ProgramExit(run))
-
-    def close_episode(self) -> None:
-        with self._lock:
-            episode, self._episode = self._episode, None
-        if episode is not None:
-            episode.closed = True
-            if episode.pending is not None:
-                episode.pending.put(None)
-
-    def close(self) -> None:
-        self.close_episode()
-        self._server.shutdown()
-        self._server.server_close()
-
-    def _current(self) -> _Episode:
-        with self._lock:
-            if self._episode is None:
-                raise RuntimeError("no episode is open")
-            return self._episode
-
-    # -- the program's side (handler threads) -----------------------------------------------------------------
-
-    def _call(self, key: str, body: Any) -> tuple[int, dict[str, Any]]:
-        with self._lock:
-            episode = self._episode if self._episode is not None and self._episode.key == key else None
-        if episode is None or episode.closed:
-            return 401, _error("the API key does not belong to the episode in progress", "invalid_api_key")
+    def call(self, key: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """One model call of the episode ``key`` names: handed to the env, answered with its reply."""
+        episode = self.episode(key)
+        if episode is None:
+            return 401, _error("the API key does not belong to an episode in progress", "invalid_api_key")
         try:
             conversation, tools_listed = _conversation(body, episode.raw_replies)
         except (ValueError, ValidationError) as exc:  # ConversationFormatError is a ValueError
             return 400, _error(str(exc), "invalid_request_error", "messages")
         n = len(episode.seen)
-        if conversation[:n] == episode.seen:
-            event = CallEvent(conversation[n:])
-        else:
-            event = CallEvent(conversation, {"history_rewritten": True})
+        if conversation[:n] != episode.seen:
+            # turn-by-turn play is append-only: an agent that rewrote its history cannot be played this way (the
+            # black-box path, run_program, trains such agents; see trainer/rollout/program_episode.py)
+            episode.events.put(HistoryRewritten())
+            return 409, _error("the conversation does not extend the previous call's: turn-by-turn play needs an "
+                               "append-only history", "history_rewritten")
         pending: queue.Queue = queue.Queue(maxsize=1)
-        with self._lock:
+        with self.lock:
+            if episode.closed:
+                return 503, _error("the episode ended before this call was answered", "episode_closed")
             if episode.pending is not None:
                 return 409, _error("another model call of this episode is still waiting for its reply", "conflict")
             episode.pending = pending
-        episode.events.put(event)
-        text = pending.get()
+        episode.events.put(CallEvent(conversation[n:]))
+        text = pending.get()  # close_episode always answers a pending call (None), under the same lock
         if text is None:
             return 503, _error("the episode ended before this call was answered", "episode_closed")
         content, calls = split_reply(text) if tools_listed else (text, [])
@@ -170,6 +135,75 @@ class TurnProxy:
                      "model": str(body.get("model", "policy")), "system_fingerprint": None,
                      "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
                      "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+
+
+@dataclass
+class HistoryRewritten:
+    """The program sent a conversation that does not extend the previous call's (its call was refused)."""
+
+
+class TurnProxy:
+    """One env's handle on the process's endpoint (see the module doc): at most one open episode at a time. Every
+    env shares the same port, so sandboxes of every env share one socket bridge and one pool spec."""
+
+    def __init__(self) -> None:
+        self._server = _Server.shared()
+        self._episode: _Episode | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self._server.base_url
+
+    def open_episode(self) -> AgentEndpoint:
+        from relax_gym.envs.agent_program import AgentEndpoint
+
+        self.close_episode()
+        episode = _Episode(key=f"turn-{secrets.token_hex(16)}")
+        with self._server.lock:
+            self._server.episodes[episode.key] = episode
+        self._episode = episode
+        return AgentEndpoint(self.base_url, episode.key)
+
+    def next_event(self, timeout: float) -> CallEvent | ProgramExit | HistoryRewritten:
+        """The program's next call, or its exit; TimeoutError when neither comes within ``timeout``."""
+        episode = self._current()
+        try:
+            return episode.events.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"the agent program neither called the model nor exited within {timeout:g} s") from None
+
+    def reply(self, text: str) -> None:
+        """Answer the call in flight with ``text`` (the policy's action)."""
+        episode = self._current()
+        with self._server.lock:
+            pending, episode.pending = episode.pending, None
+        if pending is None:
+            raise RuntimeError("no model call is waiting for a reply")
+        pending.put(text)
+
+    def program_exited(self, key: str, run: ProgramRun) -> None:
+        episode = self._server.episode(key)
+        if episode is not None:
+            episode.events.put(ProgramExit(run))
+
+    def close_episode(self) -> None:
+        episode, self._episode = self._episode, None
+        if episode is None:
+            return
+        with self._server.lock:
+            self._server.episodes.pop(episode.key, None)
+            episode.closed = True
+            pending, episode.pending = episode.pending, None
+        if pending is not None:
+            pending.put(None)
+
+    def close(self) -> None:
+        self.close_episode()
+
+    def _current(self) -> _Episode:
+        if self._episode is None:
+            raise RuntimeError("no episode is open")
+        return self._episode
 
 
 def _conversation(body: dict[str, Any], raw_replies: dict[tuple, str]) -> tuple[list[Message], bool]:
@@ -192,7 +226,7 @@ def _error(message: str, kind: str, param: str | None = None) -> dict[str, Any]:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    owner: TurnProxy
+    owner: _Server
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -208,7 +242,13 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.rstrip("/") != "/v1/chat/completions":
             self._send(404, _error(f"no route {self.path}", "not_found_error"))
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or "")
+        except ValueError:
+            length = -1
+        if length < 0:
+            self._send(411, _error("a Content-Length header with the body's size is required", "invalid_request_error"))
+            return
         if length > MAX_BODY_BYTES:
             self._send(413, _error(f"body of {length} bytes is larger than {MAX_BODY_BYTES}", "invalid_request_error"))
             return
@@ -222,7 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         auth = self.headers.get("Authorization") or ""
         key = auth.removeprefix("Bearer ").strip()
-        status, answer = self.owner._call(key, body)
+        status, answer = self.owner.call(key, body)
         self._send(status, answer)
 
     def _send(self, status: int, body: dict[str, Any]) -> None:

@@ -261,7 +261,8 @@ def bridge_mounts(bridge: SocketBridge, socket_dir: str = SOCKET_DIR_IN_SANDBOX,
 def bridged_command(cmd_argv: Sequence[str], socket_in_sandbox: str | None = None,
                     listen_port: int = DEFAULT_LISTEN_PORT, *, socket_name: str = "api",
                     script_in_sandbox: str = f"{BIN_DIR_IN_SANDBOX}/{SCRIPT_NAME}", listen_host: str = "127.0.0.1",
-                    env: Mapping[str, str] | None = None, python: str = "python3") -> list[str]:
+                    env: Mapping[str, str] | None = None, python: str = "python3",
+                    env_file: str | None = None) -> list[str]:
     """The argv that runs ``cmd_argv`` inside a sandbox with ``http://<listen_host>:<listen_port>`` forwarded to
     the bridge's socket (default ``/run/relax/<socket_name>.sock``); ``env`` is added to the command's environment.
     The forwarder exits with the command's exit status."""
@@ -274,4 +275,6 @@ def bridged_command(cmd_argv: Sequence[str], socket_in_sandbox: str | None = Non
         if not key or "=" in key:
             raise ValueError(f"bad environment variable name {key!r}")
         argv += ["--env", f"{key}={value}"]
+    if env_file is not None:  # secrets: read from a file in the sandbox (then deleted), never on a command line
+        argv += ["--env-file", env_file]
     return [*argv, "--", *map(str, cmd_argv)]

@@ -1,6 +1,6 @@
 """Inside a sandbox: forward a loopback TCP port to a Unix socket while a command runs (stdlib only).
 
-    python3 -S forward_in_sandbox.py --socket /run/relax/api.sock --listen 127.0.0.1:8765 [--env K=V ...] -- CMD ...
+    python3 -S forward_in_sandbox.py --socket /run/relax/api.sock --listen 127.0.0.1:8765 [--env K=V ...] [--env-file PATH] -- CMD ...
 
 Listens on the sandbox's own loopback before CMD starts (so CMD can connect at once), forwards every connection
 byte for byte to the Unix socket (a relax-gym SocketBridge on the host), runs CMD as a child with this environment
@@ -94,6 +94,9 @@ def main(argv=None):
     parser.add_argument("--socket", required=True, help="the Unix socket to forward to")
     parser.add_argument("--listen", default="127.0.0.1:8765", help="HOST:PORT to listen on (loopback)")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="add to CMD's environment")
+    parser.add_argument("--env-file", default=None, metavar="PATH",
+                        help="KEY=VALUE lines added to CMD's environment; the file is deleted once read (for secrets "
+                             "that must not show on a command line)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -105,6 +108,21 @@ def main(argv=None):
         if not key or not sep:
             parser.error(f"--env wants KEY=VALUE, not {pair!r}")
         env[key] = value
+    if args.env_file:
+        try:
+            with open(args.env_file, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+            os.unlink(args.env_file)
+        except OSError as e:
+            sys.stderr.write(f"forward_in_sandbox: cannot read --env-file {args.env_file}: {e}\n")
+            return 125
+        for n, line in enumerate(lines, 1):
+            key, sep, value = line.partition("=")
+            if line and (not key or not sep):
+                sys.stderr.write(f"forward_in_sandbox: {args.env_file} line {n}: want KEY=VALUE\n")
+                return 125
+            if line:
+                env[key] = value
     try:
         listener = _listen(args.listen)
     except OSError as e:

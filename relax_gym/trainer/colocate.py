@@ -22,29 +22,52 @@ import torch
 import relax_gym
 from relax_gym.trainer.actors.factory import build_actor
 from relax_gym.trainer.actors.hf import HFActor
-from relax_gym.trainer.algorithms import group_advantages, identical_reward_groups, zero_advantage_share
-from relax_gym.trainer.run.base_model import resolve_base
-from relax_gym.trainer.run.checkpoint import (TrainerState, eval_history, load_checkpoint, reference_model, restore_rng,
-                                              resume_point, save_checkpoint, trainer_state)
+from relax_gym.trainer.algorithms import (
+    group_advantages,
+    identical_reward_groups,
+    zero_advantage_share,
+)
 from relax_gym.trainer.config import RelaxConfig
-from relax_gym.trainer.run.schedule import Schedule
-from relax_gym.trainer.run.seeds import eval_seeds, seed_everything, train_seeds
-from relax_gym.trainer.run.step_row import (RewardComponents, episodes_masked, eval_row, rollout_row, summary_end,
-                                            summary_start)
-from relax_gym.trainer.run.warmup import report_warmup_row, run_warmup
 from relax_gym.trainer.dcs.names import checkpoint_names
 from relax_gym.trainer.dcs.push import make_pusher
 from relax_gym.trainer.engines.coalesce import CoalescingClient
 from relax_gym.trainer.engines.factory import start_engine
 from relax_gym.trainer.faults.hooks import LocalFaults
 from relax_gym.trainer.faults.schedule import FaultSchedule
-from relax_gym.trainer.run.lr_schedule import DecayGate, decayed_fraction, lr_at, progress
-from relax_gym.trainer.run.metrics import MetricsWriter
 from relax_gym.trainer.policy import build_policy
 from relax_gym.trainer.policy.moe import routing_dims
 from relax_gym.trainer.rollout.episode import Trajectory, run_episode
 from relax_gym.trainer.rollout.program_episode import ProgramEpisodes, is_agent_program
 from relax_gym.trainer.rollout.samples import summary_dict
+from relax_gym.trainer.run.base_model import resolve_base
+from relax_gym.trainer.run.checkpoint import (
+    TrainerState,
+    eval_history,
+    load_checkpoint,
+    reference_model,
+    restore_rng,
+    resume_point,
+    save_checkpoint,
+    trainer_state,
+)
+from relax_gym.trainer.run.lr_schedule import (
+    DecayGate,
+    decayed_fraction,
+    lr_at,
+    progress,
+)
+from relax_gym.trainer.run.metrics import MetricsWriter
+from relax_gym.trainer.run.schedule import Schedule
+from relax_gym.trainer.run.seeds import eval_seeds, seed_everything, train_seeds
+from relax_gym.trainer.run.step_row import (
+    RewardComponents,
+    episodes_masked,
+    eval_row,
+    rollout_row,
+    summary_end,
+    summary_start,
+)
+from relax_gym.trainer.run.warmup import report_warmup_row, run_warmup
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,9 @@
 
 Round trips with media by reference and inline (arrays included), check_env through the server, an env's exception
 coming back with the server's message, tokens, unknown sessions, closing, the manifest's [server] table, and a
-server that fails to start (its log named). The child-process launcher against a second venv is in
+server that fails to start (its log named). Hardening: client constructor kwargs refused unless allowed (some never),
+an unencodable reply answered with one error (the step not run twice), bad Content-Length headers, concurrent creates
+against max_sessions, and closing a session while a request uses it. The child-process launcher against a second venv is in
 test_env_server_venv.py."""
 
 from __future__ import annotations
@@ -10,7 +12,12 @@ from __future__ import annotations
 import http.client
 import json
 import secrets
-from typing import Any
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
 
 import gymnasium
 import numpy as np
@@ -25,8 +32,9 @@ from relax_gym.envs.remote import (
     RemoteEnvError,
     ServeError,
     ServerStartError,
+    launcher,
 )
-from relax_gym.envs.remote.client import parse_remote_id
+from relax_gym.envs.remote.client import _Connection, parse_remote_id
 from relax_gym.envs.remote.wire import (
     Spool,
     decode_messages,
@@ -44,21 +52,30 @@ class Fragile(AgentEnv):
 
     media_kinds = ("image",)
     closed = 0
+    steps = 0  # env.step calls, all instances
+    made_delay_s = 0.0  # a slow constructor (concurrent creates)
+    gate: threading.Event | None = None  # the action "wait" blocks on it
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, ok_reward: float = 0.5, **kwargs: Any) -> None:
         super().__init__(max_turns=2, **kwargs)
+        self.ok_reward = ok_reward
+        time.sleep(type(self).made_delay_s)
 
     def _reset(self, options: dict[str, Any]) -> Opening:
         picture = np.full((4, 6, 3), int(self.np_random.integers(256)), np.uint8)
         return Opening([Message("user", (ImagePart.of(picture), TextPart("say ok twice")))], "ok", {"shape": (4, 6), "n": np.int64(3)})
 
     def _step(self, action: str) -> Outcome:
-        return Outcome([Message("user", (TextPart("again"),))] if self._turn < 2 else [], 0.5 if action == "ok" else 0.0,
-                       self._turn >= 2, {"ok": float(action == "ok")})
+        info = {"x": np.array([object()], dtype=object)} if action == "weird" else {}  # no JSON form: np.save refuses it
+        return Outcome([Message("user", (TextPart("again"),))] if self._turn < 2 else [], self.ok_reward if action == "ok" else 0.0,
+                       self._turn >= 2, {"ok": float(action == "ok")}, info=info)
 
     def step(self, action):
+        type(self).steps += 1
         if action == "explode":
             raise RuntimeError("boom: the env broke on purpose")
+        if action == "wait":
+            assert type(self).gate is not None and type(self).gate.wait(30)
         return super().step(action)
 
     def close(self) -> None:
@@ -83,7 +100,8 @@ def serve():
 @pytest.fixture
 def fragile(clean_registry):  # noqa: F811 - the imported fixture
     relax_gym.register(id="fragile", entry_point=Fragile, modalities=["image", "text"])
-    Fragile.closed = 0
+    Fragile.closed = Fragile.steps = 0
+    Fragile.made_delay_s, Fragile.gate = 0.0, None
     return "fragile"
 
 
@@ -162,9 +180,10 @@ def test_env_kwargs_reach_the_server_and_errors_name_the_culprit(serve, fragile)
     assert isinstance(err.value, Exception)  # what the trainer's episode runner catches: the episode is masked env_error
     env.reset(seed=0)  # the session survives its env's exception
     assert env.step("ok")[1] == 0.5
+    lenient = serve(fragile, allow_kwargs=["colour"])
     with pytest.raises(RemoteEnvError, match="make failed: TypeError: .*colour") as err:
-        relax_gym.make(f"remote:{server.url}/{fragile}", colour="red")
-    assert err.value.status == 500 and "make" in err.value.culprit
+        relax_gym.make(f"remote:{lenient.url}/{fragile}", colour="red")
+    assert err.value.status == 500 and "make" in err.value.culprit and lenient.sessions == 0
 
 
 def test_close_frees_the_env_and_reset_reopens(serve, fragile):
@@ -286,3 +305,182 @@ def test_url_manifest_makes_a_client_both_ways(serve, fragile, tmp_path, monkeyp
         env.close()
     with pytest.raises(RemoteEnvError, match="serves 'fragile', not 'fragile-wrong'"):
         relax_gym.make("fragile-wrong")
+
+
+# ---------------------------------------------------------------------------------------------- hardening
+
+
+def test_client_kwargs_are_refused_unless_allowed_and_some_never(serve, fragile):
+    strict = serve(fragile)
+    with pytest.raises(RemoteEnvError, match="does not take the constructor kwargs 'ok_reward' from clients") as err:
+        relax_gym.make(f"remote:{strict.url}/{fragile}", ok_reward=0.75)
+    assert err.value.status == 403 and err.value.kind == "KwargsRefused" and err.value.culprit == "kwargs"
+    assert strict.sessions == 0 and Fragile.closed == 1  # only the server's probe env was ever made
+
+    fixed = serve(fragile, kwargs={"ok_reward": 0.25})  # the operator's kwargs: every session, no client involved
+    env = relax_gym.make(f"remote:{fixed.url}/{fragile}")
+    env.reset(seed=0)
+    assert env.step("ok")[1] == 0.25
+
+    lenient = serve(fragile, allow_kwargs=["ok_reward"])
+    env = relax_gym.make(f"remote:{lenient.url}/{fragile}", ok_reward=0.75)  # allowed by name
+    env.reset(seed=0)
+    assert env.step("ok")[1] == 0.75
+    for bad, named in (({"runner": "local"}, "'runner'"), ({"sandbox": {"network": True}}, "'sandbox'"),
+                       ({"backend": "none"}, "'backend'"), ({"data_dir": "/"}, "'data_dir'"), ({"cache_path": "/"}, "'cache_path'"),
+                       ({"ok_reward": {"root": "/"}}, "'ok_reward.root'")):  # even nested in an allowed one
+        status, body = request(lenient.url, "POST", f"/v1/envs/{fragile}/sessions", {"kwargs": bad})
+        assert status == 403 and named in body["error"]["message"] and "never takes" in body["error"]["message"], bad
+    with pytest.raises(ServeError, match="--allow-kwarg runner, sandbox_root: never accepted from a client"):
+        EnvServer(fragile, allow_kwargs=["ok_reward", "runner", "sandbox_root"])
+    assert lenient.sessions == 1
+
+
+def test_an_unencodable_info_is_one_clear_error_and_the_step_runs_once(serve, fragile):
+    server = serve(fragile)
+    env = relax_gym.make(f"remote:{server.url}/{fragile}")
+    env.reset(seed=0)
+    assert env.step("ok")[1] == 0.5  # the keep-alive connection is reused from here on
+    Fragile.steps = 0
+    with pytest.raises(RemoteEnvError, match=r"step failed: NotSerialisable: step: info\['x'\] is not JSON-serialisable") as err:
+        env.step("weird")
+    assert err.value.status == 500 and err.value.culprit == "info['x']"
+    assert Fragile.steps == 1  # answered, so never sent again
+    assert server.sessions == 1 and env.reset(seed=0) and env.step("ok")[1] == 0.5  # the session and connection live on
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    """Answers /ok; reads a /drop request and closes the connection without answering; /ok-close answers and then
+    closes the connection (as a server does with an idle keep-alive connection)."""
+
+    protocol_version = "HTTP/1.1"
+    seen: ClassVar[list[str]] = []
+
+    def _any(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).seen.append(f"{self.command} {self.path}")
+        if self.path == "/drop":
+            self.close_connection = True
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+        if self.path == "/ok-close":
+            self.close_connection = True
+
+    do_GET = do_POST = do_DELETE = _any
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_the_client_never_sends_a_post_twice_but_reconnects_when_it_can():
+    _Flaky.seen = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    conn = _Connection(f"http://127.0.0.1:{httpd.server_address[1]}", None, 10.0)
+    try:
+        assert conn.request("POST", "/ok", {}) == (200, {})
+        with pytest.raises(RemoteEnvError, match="not sent again: the server may have acted on it"):
+            conn.request("POST", "/drop", {"action": "x"})
+        assert _Flaky.seen.count("POST /drop") == 1
+        assert conn.request("GET", "/ok") == (200, {})
+        with pytest.raises(RemoteEnvError, match="closed the connection during GET /drop"):
+            conn.request("GET", "/drop")
+        assert _Flaky.seen.count("GET /drop") == 2  # idempotent: once more on a fresh connection
+        assert conn.request("POST", "/ok-close", {}) == (200, {})
+        time.sleep(0.2)  # the server's close reaches us while idle: noticed before sending, so a POST goes out fine
+        assert conn.request("POST", "/ok", {}) == (200, {})
+    finally:
+        conn.close()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _raw(url: str, head: str, body: bytes = b"", shut: bool = False) -> tuple[int, dict]:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        sock.sendall(head.encode() + b"\r\n" + body)
+        if shut:
+            sock.shutdown(socket.SHUT_WR)
+        data = b""
+        while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < int(
+                data.split(b"Content-Length: ", 1)[1].split(b"\r\n", 1)[0] if b"Content-Length: " in data else 1 << 30):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    status_line, rest = data.split(b"\r\n", 1)
+    return int(status_line.split()[1]), json.loads(rest.split(b"\r\n\r\n", 1)[1])
+
+
+def test_bad_content_length_headers_are_answered(serve, fragile):
+    server = serve(fragile)
+    path = f"/v1/envs/{fragile}/sessions"
+    for header, status in (("Content-Length: -5", 400), ("Content-Length: abc", 400), ("Content-Length: 1_0", 400),
+                           ("Content-Length: 2\r\nContent-Length: 3", 400), ("Transfer-Encoding: chunked", 411),
+                           (f"Content-Length: {(64 << 20) + 1}", 413)):
+        got, body = _raw(server.url, f"POST {path} HTTP/1.1\r\nHost: x\r\n{header}\r\n", b"{}")
+        assert got == status and "error" in body, header
+    got, body = _raw(server.url, f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n", b"{}", shut=True)
+    assert got == 400 and "ended after 2 of 10 bytes" in body["error"]["message"]
+    assert server.sessions == 0 and request(server.url, "GET", "/v1/health")[1]["ok"]
+
+
+def test_concurrent_creates_respect_max_sessions(serve, fragile):
+    server = serve(fragile, max_sessions=2)
+    Fragile.made_delay_s = 0.3  # every create is in flight at once
+    results: list[int] = []
+    threads = [threading.Thread(target=lambda: results.append(request(server.url, "POST", f"/v1/envs/{fragile}/sessions", {})[0]))
+               for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(results) == [201, 201, 503, 503, 503] and server.sessions == 2
+
+
+def test_closing_or_reaping_a_session_waits_for_the_request_using_it(serve, fragile):
+    server = serve(fragile, idle_timeout_s=0.05)
+    Fragile.gate = threading.Event()
+    env = relax_gym.make(f"remote:{server.url}/{fragile}")
+    env.reset(seed=0)
+    sid = env.unwrapped.session_id
+    out: list[Any] = []
+    stepping = threading.Thread(target=lambda: out.append(env.step("wait")))
+    stepping.start()
+    time.sleep(0.2)  # the step holds the session, idle for longer than idle_timeout_s
+    assert request(server.url, "POST", f"/v1/envs/{fragile}/sessions", {})[0] == 201  # a create reaps idle sessions
+    assert server.sessions == 2 and Fragile.closed == 1  # ... but not the one in use (only the probe is closed)
+    deleting = threading.Thread(target=lambda: out.append(request(server.url, "DELETE", f"/v1/envs/{fragile}/sessions/{sid}")))
+    deleting.start()
+    time.sleep(0.2)
+    assert deleting.is_alive() and Fragile.closed == 1  # the close waits for the step
+    Fragile.gate.set()
+    stepping.join(30)
+    deleting.join(30)
+    assert Fragile.closed == 2 and out[0][1] == 0.0 and out[1] == (200, {"closed": True})
+    status, body = request(server.url, "POST", f"/v1/envs/{fragile}/sessions/{sid}/step", {"action": "ok"})
+    assert status == 404 and body["error"]["type"] == "UnknownSession"
+
+
+def test_launcher_gives_the_trainers_kwargs_to_its_server_at_startup(tmp_path, monkeypatch, clean_registry):  # noqa: F811
+    write_manifest(tmp_path / "envs" / "zoom", f'''id = "zoom-served"
+entry_point = "relax_gym.envs.image_zoom:ImageZoomEnv"
+modalities = ["image", "text"]
+[server]
+python = "{sys.executable}"
+''')
+    monkeypatch.setenv("RELAX_GYM_ENV_PATH", str(tmp_path / "envs"))
+    monkeypatch.setattr(launcher, "log_dir", lambda: tmp_path / "server-logs")
+    monkeypatch.setattr(launcher, "_servers", {})
+    discover(force=True)
+    try:
+        two = relax_gym.make("zoom-served", max_turns=2)  # e.g. a recipe's env.kwargs: the server's, fixed at startup
+        plain = relax_gym.make("zoom-served")
+        assert two.unwrapped.max_turns == 2 and plain.unwrapped.max_turns == 4
+        assert two.unwrapped.env_kwargs == {} and two.reset(seed=0)[0]  # nothing sent as a client's kwargs
+        assert sorted(s.kwargs.get("max_turns", 0) for s in launcher._servers.values()) == [0, 2]  # a server each
+    finally:
+        launcher.stop_all()

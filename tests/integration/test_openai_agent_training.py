@@ -57,10 +57,11 @@ def test_colocate_trains_on_exactly_the_recorded_tokens(tmp_path, monkeypatch, b
     close_session, rl_step, outcome = OpenAIGateway.close_session, HFActor.rl_step, AgentProgramEnv._outcome
 
     def keep_calls(self, session):
-        calls = close_session(self, session)
+        calls, failures = close_session(self, session)
+        assert not failures, failures
         if calls:
             recorded.append(list(calls[-1].prompt_ids) + list(calls[-1].completion_ids))
-        return calls
+        return calls, failures
 
     def keep_items(self, items, *args, **kwargs):
         trained.extend(list(t.input_ids) for t in items)

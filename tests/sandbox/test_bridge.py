@@ -291,3 +291,21 @@ def test_host_loopback_server_only_through_the_bridge(backend, spec, http_server
     assert bridged.ok, bridged
     assert bridged.stdout == "direct: refused\n200 hello from the host, path /through/the/bridge\n"
     assert again.rc == 3, again
+
+
+def test_forwarder_reads_secrets_from_an_env_file_and_deletes_it(tmp_path, echo):
+    """The episode's key travels in a file, not on the command line (a host's ps shows command lines)."""
+    secret = tmp_path / "agent.env"
+    secret.write_text("OPENAI_API_KEY=relax-ek-123\nEMPTY=\n")
+    with SocketBridge("127.0.0.1", echo.port) as bridge:
+        argv = bridged_command([sys.executable, "-c", "import os; print(os.environ['OPENAI_API_KEY'], repr(os.environ['EMPTY']))"],
+                               bridge.socket_path, 0, python=sys.executable, script_in_sandbox=str(forwarder_script_path()),
+                               env_file=str(secret))
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert (r.returncode, r.stdout) == (0, "relax-ek-123 ''\n"), r.stderr
+    assert not any("relax-ek-123" in a for a in argv) and not secret.exists()
+    bad = tmp_path / "bad.env"
+    bad.write_text("no equals sign\n")
+    r = subprocess.run([sys.executable, "-S", str(forwarder_script_path()), "--socket", "/x", "--env-file", str(bad), "--",
+                        "true"], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 125 and "line 1" in r.stderr

@@ -7,7 +7,8 @@ component is the env id; ``?media=inline`` chooses the media transfer); a manife
 ``relax_gym.make(ID)`` do the same, starting the server itself when it names an interpreter (:mod:`.launcher`).
 
 Client options are keyword arguments with a ``remote_`` prefix; every other keyword argument goes to the env's
-constructor on the server: ``remote_media`` (``"auto"``: ``ref`` for a loopback server, ``inline`` otherwise),
+constructor on the server, which refuses it unless its operator allowed that name (``--allow-kwarg``):
+``remote_media`` (``"auto"``: ``ref`` for a loopback server, ``inline`` otherwise),
 ``remote_token`` (default: ``$RELAX_GYM_ENV_TOKEN``), ``remote_timeout_s`` (per request, default 600).
 """
 
@@ -17,6 +18,7 @@ import http.client
 import json
 import logging
 import os
+import select
 import threading
 import weakref
 from typing import Any
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 REMOTE_PREFIX = "remote:"
 DEFAULT_TIMEOUT_S = 600.0
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+_IDEMPOTENT = frozenset({"GET", "HEAD", "DELETE"})  # safe to send twice; a POST (make, reset, step) never is
 
 
 class RemoteEnvError(RuntimeError):
@@ -54,7 +57,10 @@ class RemoteEnvError(RuntimeError):
 
 
 class _Connection:
-    """One keep-alive HTTP connection to a server; a stale one (closed by the server while idle) is reopened once."""
+    """One keep-alive HTTP connection to a server. One closed by the server while idle is noticed before sending and
+    reopened; a request that fails on a reused connection is sent again only if it cannot have reached the server
+    (it was not fully written) or is idempotent (GET, DELETE): a POST that may have been delivered (a step) is an
+    error, never sent twice."""
 
     def __init__(self, base_url: str, token: str | None, timeout_s: float) -> None:
         parts = urlsplit(base_url)
@@ -73,19 +79,25 @@ class _Connection:
             headers["Authorization"] = f"Bearer {self.token}"
         with self._lock:
             for attempt in (0, 1):
+                if self._conn is not None and _dropped(self._conn):
+                    self.close_locked()  # the server closed this idle keep-alive connection: a fresh one
                 reused = self._conn is not None
                 if self._conn is None:
                     self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+                sent = False
                 try:
                     self._conn.request(method, self.prefix + path, body=data, headers=headers)
+                    sent = True  # from here on the server may have acted on it
                     response = self._conn.getresponse()
                     raw = response.read()
                     break
                 except _STALE as exc:
                     self.close_locked()
-                    if reused and attempt == 0:
-                        continue  # the server dropped an idle keep-alive connection before reading the request
-                    raise RemoteEnvError(f"env server at {self.base_url} closed the connection: {exc!r}") from exc
+                    if reused and attempt == 0 and (not sent or method in _IDEMPOTENT):
+                        continue  # not delivered (or harmless to repeat): once more on a fresh connection
+                    what = "" if method in _IDEMPOTENT else " (not sent again: the server may have acted on it)"
+                    raise RemoteEnvError(f"env server at {self.base_url} closed the connection during "
+                                         f"{method} {path}{what}: {exc!r}") from exc
                 except OSError as exc:
                     self.close_locked()
                     raise RemoteEnvError(f"cannot reach the env server at {self.base_url}: {exc}") from exc
@@ -103,6 +115,21 @@ class _Connection:
     def close(self) -> None:
         with self._lock:
             self.close_locked()
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle keep-alive connection was closed by the server (its socket reads as ready: EOF or junk)."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    try:
+        if hasattr(select, "poll"):  # no FD_SETSIZE limit (a trainer may hold more than 1024 descriptors)
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(0))
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
 
 
 def _delete_session(conn: _Connection, path: str) -> None:

@@ -2,7 +2,10 @@
 
 ``relax_gym.make(ID)`` for such a manifest calls :func:`served_env`: the first call in a process starts
 ``<python> -m relax_gym.envs.remote.server ID --manifest <env.toml> --port 0 ...`` as a child process, waits until
-it has written its URL to a ready file, and every env of that manifest made in this process shares it. The child:
+it has written its URL to a ready file, and every env of that manifest made in this process with the same kwargs
+shares it. The kwargs ``make`` received (a recipe's ``env.kwargs``, say) are the trainer's own: they are written to a
+file the child reads at startup (``--kwargs-file``) and apply to every session of that child, which, like any env
+server, takes no constructor kwargs from its clients. Other kwargs (an eval split) get a server of their own. The child:
 
 - binds a free loopback port and needs a random token (passed in its environment, never on its command line);
 - finds relax_gym in its own environment if installed there, and otherwise this process's copy (its folder is
@@ -31,6 +34,7 @@ import relax_gym
 from relax_gym.envs.manifest import EnvManifest, ManifestError, load_manifest
 from relax_gym.envs.remote.client import RemoteEnv
 from relax_gym.envs.remote.server import TOKEN_VAR
+from relax_gym.envs.remote.wire import encode_value
 
 # Runs in the child: its own relax_gym if it has one, else ours (appended, so its own packages come first). A spec
 # without an origin is a namespace package (e.g. a folder of data files left by an editable install), not relax_gym.
@@ -52,6 +56,7 @@ class ServerStartError(RuntimeError):
 class ServerProcess:
     env_id: str
     manifest: Path
+    kwargs: dict[str, Any]  # the constructor kwargs of every session (over the manifest's), fixed at startup
     python: Path
     process: subprocess.Popen
     url: str
@@ -76,7 +81,7 @@ class ServerProcess:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-_servers: dict[str, ServerProcess] = {}
+_servers: dict[tuple[str, str], ServerProcess] = {}  # (manifest path, its kwargs as JSON) -> its server
 _lock = threading.Lock()
 
 
@@ -87,7 +92,9 @@ def log_dir() -> Path:
 
 def served_env(*, relax_manifest: str, **kwargs: Any) -> RemoteEnv:
     """gymnasium's entry point for a ``[server]`` manifest: a client env of its server (started here if needed).
-    ``kwargs``: the caller's env kwargs (the manifest's own are applied on the server) and ``remote_*`` options."""
+    ``kwargs``: the caller's env kwargs (the manifest's own are applied on the server) and ``remote_*`` options.
+    A ``url`` server gets the env kwargs as a client's (it refuses those its operator did not allow); a server started
+    here gets them at startup (see the module docstring), so they are never sent as a client's."""
     path = Path(relax_manifest)
     m = load_manifest(path)
     spec = m.server
@@ -97,20 +104,23 @@ def served_env(*, relax_manifest: str, **kwargs: Any) -> RemoteEnv:
     if spec.url:
         kwargs.setdefault("remote_token", os.environ.get(spec.token_env))
         return RemoteEnv(spec.url, spec.env_id or m.id, **kwargs)
-    server = ensure_server(path, m)
-    kwargs["remote_token"] = server.token
-    return RemoteEnv(server.url, m.id, **kwargs)
+    client = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("remote_") or k == "render_mode"}
+    server = ensure_server(path, m, kwargs)
+    client["remote_token"] = server.token
+    return RemoteEnv(server.url, m.id, **client)
 
 
-def ensure_server(path: Path, manifest: EnvManifest | None = None) -> ServerProcess:
-    """The running server of this manifest in this process, started if there is none (or it died)."""
-    key = os.path.abspath(path)
+def ensure_server(path: Path, manifest: EnvManifest | None = None, kwargs: dict[str, Any] | None = None) -> ServerProcess:
+    """The running server of this manifest with these constructor kwargs in this process, started if there is none
+    (or it died)."""
+    kwargs = encode_value(dict(kwargs or {}))  # what the child will read back (as a client's kwargs would travel)
+    key = (os.path.abspath(path), json.dumps(kwargs, sort_keys=True))
     with _lock:
         known = _servers.get(key)
         if known is not None and known.alive():
             return known
         m = manifest or load_manifest(path)
-        server = _start(Path(key), m)
+        server = _start(Path(key[0]), m, kwargs)
         _servers[key] = server
         return server
 
@@ -126,7 +136,7 @@ def stop_all() -> None:
 atexit.register(stop_all)
 
 
-def _start(path: Path, m: EnvManifest) -> ServerProcess:
+def _start(path: Path, m: EnvManifest, kwargs: dict[str, Any]) -> ServerProcess:
     python = m.server.interpreter(path.parent)
     field = "server.python" if m.server.python else "server.venv"
     if not python.is_file() or not os.access(python, os.X_OK):
@@ -140,9 +150,14 @@ def _start(path: Path, m: EnvManifest) -> ServerProcess:
     root = str(Path(relax_gym.__file__).resolve().parent.parent)
     cmd = [str(python), "-c", _BOOTSTRAP.format(root=root), m.id, "--manifest", str(path), "--host", "127.0.0.1",
            "--port", "0", "--ready-file", str(ready), "--spool", str(workdir / "spool"), "--parent-pid", str(os.getpid())]
+    if kwargs:  # in a file of the private workdir, not on the command line (kwargs may hold credentials)
+        kwargs_file = workdir / "kwargs.json"
+        kwargs_file.write_text(json.dumps(kwargs))
+        cmd += ["--kwargs-file", str(kwargs_file)]
     env = {**os.environ, TOKEN_VAR: token, "PYTHONUNBUFFERED": "1"}
     with log_path.open("ab") as log:
-        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {python} -m relax_gym.envs.remote.server {m.id}\n".encode())
+        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {python} -m relax_gym.envs.remote.server {m.id}"
+                  f"{' with kwargs ' + ', '.join(sorted(kwargs)) if kwargs else ''}\n".encode())
         log.flush()
         process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
@@ -159,7 +174,7 @@ def _start(path: Path, m: EnvManifest) -> ServerProcess:
             raise ServerStartError(f"the env server of {path} ({python}) {why}; its log: {log_path}\n{_tail(log_path)}")
         time.sleep(0.02)
     url = json.loads(ready.read_text())["url"]
-    return ServerProcess(m.id, path, python, process, url, token, log_path, workdir, os.getpid())
+    return ServerProcess(m.id, path, kwargs, python, process, url, token, log_path, workdir, os.getpid())
 
 
 def _tail(path: Path, lines: int = 15) -> str:

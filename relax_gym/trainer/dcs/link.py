@@ -9,6 +9,7 @@ the step.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -40,7 +41,9 @@ class EngineAPI:
     def __init__(self, url: str, *, timeout_s: float = 300.0, retries: int = 1, backoff_s: float = 0.1) -> None:
         self.url = url.rstrip("/")
         self.retries, self.backoff_s = int(retries), float(backoff_s)
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        token = os.environ.get("RELAX_GYM_ENGINE_TOKEN")  # engines on a non-loopback host need it (engines/http_server.py)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
+                                  headers={"Authorization": f"Bearer {token}"} if token else None)
 
     def _call(self, method: str, path: str, payload: Any = None) -> Any:
         last: Exception | None = None

@@ -146,6 +146,18 @@ def _error_message(response: httpx.Response) -> tuple[str, Any]:
     return str(body), body
 
 
+def with_engine_token(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """``headers`` plus ``Authorization: Bearer $RELAX_GYM_ENGINE_TOKEN`` when that variable is set (engine servers
+    that bind a non-loopback host require it) and no Authorization header is given."""
+    import os
+
+    out = dict(headers or {})
+    token = os.environ.get("RELAX_GYM_ENGINE_TOKEN")
+    if token and not any(k.lower() == "authorization" for k in out):
+        out["Authorization"] = f"Bearer {token}"
+    return out
+
+
 class AsyncEngineClient:
     """Async client of one engine server (``base_url``: ``http://host:port``)."""
 
@@ -155,7 +167,7 @@ class AsyncEngineClient:
         self.retries = int(retries)
         self.backoff_s = float(backoff_s)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport,
-                                       headers=dict(headers or {}), limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+                                       headers=with_engine_token(headers), limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
 
     async def aclose(self) -> None:
         await self._http.aclose()

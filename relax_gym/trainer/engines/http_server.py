@@ -84,6 +84,8 @@ from relax_gym.trainer.engines.admin_protocol import (
 from relax_gym.trainer.engines.protocol import GenerateReqInput
 from relax_gym.trainer.engines.validation import parse_request
 
+ENGINE_TOKEN_ENV = "RELAX_GYM_ENGINE_TOKEN"
+
 __all__ = ["EngineServer", "OpenAIServer", "serve", "serve_openai"]
 
 logger = logging.getLogger(__name__)
@@ -529,7 +531,17 @@ def serve(engine: Any, host: str = "127.0.0.1", port: int = 0, *, close_engine: 
     :class:`EngineServer` (``.url``, ``.close()``, ``.openai``). ``close_engine``: close the engine with the
     server; ``model_name``: the name ``/v1/models`` lists; ``token``: the bearer token every request must carry
     (an episode key from ``.openai.keys`` does for the ``/v1`` routes); a non-loopback ``host`` needs one."""
+    if token is None:
+        token = engine_token()
     return EngineServer(engine, host, port, close_engine=close_engine, model_name=model_name, token=token)
+
+
+def engine_token() -> str | None:
+    """The engine servers' shared token from ``$RELAX_GYM_ENGINE_TOKEN`` (None when unset): a trainer whose engines
+    bind a non-loopback ``inference.host`` sets it on every node; :mod:`~relax_gym.trainer.engines.client` sends it."""
+    import os
+
+    return os.environ.get(ENGINE_TOKEN_ENV) or None
 
 
 def serve_openai(api: Any, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None) -> OpenAIServer:

@@ -340,15 +340,22 @@ class SessionRecorder:
     conversation state, for continuing it). Sessions stay until :meth:`drop` / :meth:`pop` (the consumer decides
     when a trajectory is built)."""
 
+    CLOSED_KEPT = 100_000  # closed session ids remembered, so a call still in flight cannot bring one back
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sessions: dict[str, list[CallRecord]] = {}
         self._turns: dict[str, _Turn] = {}
+        self._failures: dict[str, list[str]] = {}
+        self._closed: OrderedDict[str, None] = OrderedDict()
 
     def record(self, session_id: str, *, turn: _Turn | None = None, **fields: Any) -> CallRecord:
         """Append a call (``fields``: :class:`CallRecord`'s, without ``index``); returns the record. ``turn``:
-        the state a next call continues from (kept with the session)."""
+        the state a next call continues from (kept with the session). A call that ends after its session was
+        closed (:meth:`close`) is not kept."""
         with self._lock:
+            if session_id in self._closed:
+                return CallRecord(index=-1, **fields)
             calls = self._sessions.setdefault(session_id, [])
             record = CallRecord(index=len(calls), **fields)
             calls.append(record)
@@ -387,6 +394,21 @@ class SessionRecorder:
         with self._lock:
             self._turns.pop(session_id, None)
             return self._sessions.pop(session_id, None) is not None
+
+    def fail(self, session_id: str, message: str) -> None:
+        """Note a call of the session that failed on the server's side (the engine, not the request)."""
+        with self._lock:
+            if session_id not in self._closed:
+                self._failures.setdefault(session_id, []).append(message)
+
+    def close(self, session_id: str) -> tuple[list[CallRecord], list[str]]:
+        """End a session for good: its calls and server-side failures, removed; later calls are not kept."""
+        with self._lock:
+            self._closed[session_id] = None
+            while len(self._closed) > self.CLOSED_KEPT:
+                self._closed.popitem(last=False)
+            self._turns.pop(session_id, None)
+            return self._sessions.pop(session_id, []), self._failures.pop(session_id, [])
 
     def sessions(self) -> dict[str, int]:
         """Session id → number of recorded calls."""
@@ -475,6 +497,17 @@ class OpenAIAPI:
         req = _parse(body)
         mode = req.tool_mode()
         session = self._session_for(req, headers, caller or ADMIN)
+        try:
+            return self._completion(req, mode, session)
+        except OpenAIError as exc:
+            if exc.status >= 500:
+                self.recorder.fail(session, exc.message)
+            raise
+        except Exception as exc:  # the engine (or the renderer) failed, not the request: the session knows it
+            self.recorder.fail(session, f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _completion(self, req: ChatCompletionRequest, mode: Any, session: str) -> tuple[dict[str, Any] | ChatStream, dict[str, str]]:
         try:
             dicts = conversation_dicts(req.messages, req.tools, mode, self._raw_text)
             messages = from_openai(dicts)

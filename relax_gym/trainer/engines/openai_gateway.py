@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,7 +27,8 @@ from relax_gym.trainer.engines.protocol import GenerateResponse
 
 __all__ = ["ClientEngine", "OpenAIGateway"]
 
-FORCED = ("temperature", "top_p", "top_k", "min_p")
+# what the trainer's sampling imposes on every agent call, and the neutral value when the trainer sets none
+FORCED = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
 
 
 class ClientEngine:
@@ -41,13 +43,16 @@ class ClientEngine:
         self.sampling = dict(sampling)
         self.max_positions = max_positions
         self.model_path = model_path
+        self._tokenizer_lock = threading.Lock()  # a fast tokenizer is not safe to share between the server's threads
 
     def render(self, messages: Sequence[Any]) -> Rendered:
-        return render(list(messages), self.processor, add_generation_prompt=True)
+        with self._tokenizer_lock:
+            return render(list(messages), self.processor, add_generation_prompt=True)
 
     def extend(self, rendered: Rendered, messages: Sequence[Any], assistant_token_ids: Sequence[int]) -> Rendered:
-        return extend(rendered, list(messages), assistant_token_ids=list(assistant_token_ids), add_generation_prompt=True,
-                      processor=self.processor)
+        with self._tokenizer_lock:
+            return extend(rendered, list(messages), assistant_token_ids=list(assistant_token_ids),
+                          add_generation_prompt=True, processor=self.processor)
 
     def generate_rendered(self, prompt_ids: Sequence[int], mm: Any, *, messages: Sequence[Any] = (),
                           sampling_params: Mapping[str, Any], return_logprob: bool = True, top_logprobs_num: int = 0,
@@ -63,7 +68,7 @@ class ClientEngine:
     def sampling_params(self, requested: Mapping[str, Any]) -> dict[str, Any]:
         """The request's sampling params with the trainer's settings in force."""
         params = dict(requested)
-        params.update({k: self.sampling[k] for k in FORCED if k in self.sampling})
+        params.update({k: self.sampling.get(k, neutral) for k, neutral in FORCED.items()})
         cap = self.sampling.get("max_new_tokens")
         if cap is not None:
             params["max_new_tokens"] = min(int(params.get("max_new_tokens") or cap), int(cap))
@@ -85,7 +90,8 @@ class OpenAIGateway:
         self.engine = ClientEngine(processor, client, loop, sampling=sampling, max_positions=max_positions)
         self.api = OpenAIAPI(self.engine, model_name=model_name,
                              default_max_tokens=int(sampling.get("max_new_tokens") or 512))
-        self.server = serve_openai(self.api, host="127.0.0.1", port=0)
+        # a token nobody holds: only episode keys (and in-process calls) get through, never an anonymous caller
+        self.server = serve_openai(self.api, host="127.0.0.1", port=0, token=secrets.token_urlsafe(32))
 
     @property
     def base_url(self) -> str:
@@ -96,13 +102,11 @@ class OpenAIGateway:
         session = f"episode-{secrets.token_hex(12)}"
         return session, self.api.keys.issue(session)
 
-    def close_session(self, session: str) -> list[Any]:
-        """Revoke the session's key; its recorded calls, in order (empty when the agent made none)."""
+    def close_session(self, session: str) -> tuple[list[Any], list[str]]:
+        """Revoke the session's key and end the session: its recorded calls, in order (empty when the agent made
+        none), and the calls that failed on the engine's side (their errors). A call still in flight is not kept."""
         self.api.keys.revoke(session)
-        try:
-            return self.api.recorder.pop(session)
-        except KeyError:
-            return []
+        return self.api.recorder.close(session)
 
     def close(self) -> None:
         self.server.close()

@@ -16,7 +16,8 @@ evaluation), lets the env run its program against it, then builds the :class:`Tr
   ``agent_segments_mean`` / ``agent_untrained_tokens``), never trained, because one episode is one row and one
   advantage (training each segment as its own row would count the episode several times in its group).
 - **Failures.** A program that cannot start or whose sandbox fails, or an agent that never called the model, is an
-  ``env_error`` episode (masked); a program that ran out of time is ``truncated`` and trained with its score.
+  ``env_error`` episode (masked); one whose model calls failed on the engine's side (the gateway notes them) is an
+  ``engine_error`` (masked); a program that ran out of time is ``truncated`` and trained with its score.
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ def split_segments(calls: Sequence[Any]) -> list[list[Any]]:
     return segments
 
 
-def trajectory_from_calls(calls: Sequence[Any], outcome: ProgramOutcome, *, seed: int, group_id: int) -> Trajectory:
-    """The training trajectory of one program episode (see the module doc)."""
+def trajectory_from_calls(calls: Sequence[Any], outcome: ProgramOutcome, *, seed: int, group_id: int,
+                          failures: Sequence[str] = ()) -> Trajectory:
+    """The training trajectory of one program episode (see the module doc). ``failures``: errors of the episode's
+    calls that failed on the engine's side; any makes it an ``engine_error`` (masked), as in a turn-level episode."""
     traj = Trajectory(group_id=group_id, seed=seed)
     traj.reward, traj.reward_breakdown = float(outcome.reward), dict(outcome.reward_breakdown)
     traj.status, traj.error = outcome.status, outcome.error
@@ -62,6 +65,10 @@ def trajectory_from_calls(calls: Sequence[Any], outcome: ProgramOutcome, *, seed
                                                                                if k in ("agent_rc", "agent_timed_out")}}
     if outcome.status == "env_error":
         traj.reward = 0.0
+        return traj
+    if failures:  # the agent saw an engine error, not a policy's reply: its score says nothing about the policy
+        traj.status, traj.reward = "engine_error", 0.0
+        traj.error = f"{len(failures)} model call(s) failed on the engine's side: {failures[0]}"
         return traj
     if not calls:
         traj.status, traj.reward = "env_error", 0.0
@@ -107,7 +114,12 @@ class ProgramEpisodes:
 
     async def run(self, env: Any, client: Any, *, seed: int, group_id: int, sampling_params: Mapping[str, Any],
                   options: dict[str, Any] | None = None) -> Trajectory:
-        gateway = self.gateway(client, sampling_params)
+        """One episode; never raises (a gateway that cannot start masks the episode as an ``engine_error``)."""
+        try:
+            gateway = self.gateway(client, sampling_params)
+        except Exception as exc:  # noqa: BLE001 - this episode fails, the step goes on
+            log.warning("no OpenAI gateway for agent-program episodes: %r", exc)
+            return Trajectory(group_id=group_id, seed=seed, status="engine_error", error=f"{type(exc).__name__}: {exc}")
         session, key = gateway.open_session()
         endpoint = AgentEndpoint(gateway.base_url, key, gateway.model_name)
         try:
@@ -116,8 +128,8 @@ class ProgramEpisodes:
             log.warning("agent-program episode (seed %d) failed: %r", seed, exc)
             outcome = ProgramOutcome(0.0, {}, "env_error", f"{type(exc).__name__}: {exc}")
         finally:
-            calls = gateway.close_session(session)
-        return trajectory_from_calls(calls, outcome, seed=seed, group_id=group_id)
+            calls, failures = gateway.close_session(session)
+        return trajectory_from_calls(calls, outcome, seed=seed, group_id=group_id, failures=failures)
 
     def close(self) -> None:
         gateways, self._gateways = list(self._gateways.values()), {}

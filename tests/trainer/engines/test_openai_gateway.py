@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import httpx
 import pytest
 
 from relax_gym.envs.agent_program import (
@@ -29,7 +30,8 @@ AGENT = '''
 from openai import OpenAI
 c = OpenAI(max_retries=0)
 def ask(msgs):
-    r = c.chat.completions.create(model="any", messages=msgs, max_tokens=500, temperature=0.0)
+    r = c.chat.completions.create(model="any", messages=msgs, max_tokens=500, temperature=0.0,
+                                  extra_body={"top_k": 1, "min_p": 0.5})
     return r.choices[0].message.model_dump(exclude_none=True)
 msgs = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "one"}]
 msgs += [ask(msgs), {"role": "user", "content": "two"}]
@@ -66,8 +68,11 @@ def test_recorded_calls_become_the_trained_sequence(served_policy):
             gateway = programs.gateway(client, SAMPLING)
             session, key = gateway.open_session()
             outcome = await asyncio.to_thread(env.run_program, seed=0, endpoint=AgentEndpoint(gateway.base_url, key))
-            calls = gateway.close_session(session)
-            assert gateway.close_session(session) == [], "a closed session keeps nothing"
+            anonymous = await asyncio.to_thread(httpx.post, f"{gateway.base_url}/chat/completions", json={
+                "model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+            assert anonymous.status_code == 401, "the gateway answers episode keys only"
+            calls, failures = gateway.close_session(session)
+            assert failures == [] and gateway.close_session(session) == ([], []), "a closed session keeps nothing"
             return outcome, calls
         finally:
             programs.close()
@@ -78,6 +83,7 @@ def test_recorded_calls_become_the_trained_sequence(served_policy):
     assert len(calls) == 4 and all(len(c.completion_ids) <= SAMPLING["max_new_tokens"] for c in calls), \
         "the trainer's max_new_tokens caps the agent's max_tokens"
     assert all(c.sampling["temperature"] == 1.0 for c in calls), "the trainer's temperature replaces the agent's 0.0"
+    assert all(c.sampling["top_k"] == -1 and c.sampling["min_p"] == 0.0 for c in calls), "and its top_k / min_p 1 / 0.5"
     first, second, third, fourth = calls
     assert second.prompt_ids[: len(first.prompt_ids) + len(first.completion_ids)] == first.prompt_ids + first.completion_ids
     assert [len(s) for s in split_segments(calls)] == [2, 2]
@@ -110,6 +116,27 @@ def test_an_agent_that_never_called_the_model_is_masked():
     assert traj.status == "env_error" and not traj.trainable and "no model call" in traj.error
     failed = trajectory_from_calls([_call([1], [2])], ProgramOutcome(0.0, {}, "env_error", "sandbox gone"), seed=1, group_id=0)
     assert failed.status == "env_error" and failed.error == "sandbox gone" and not failed.trainable
+
+
+def test_an_engine_failure_during_the_episode_masks_it():
+    traj = trajectory_from_calls([_call([1], [2])], ProgramOutcome(0.0, {}, "ok"), seed=1, group_id=0,
+                                 failures=["EngineHTTPError: 503 engine restarting"])
+    assert traj.status == "engine_error" and not traj.trainable and "503" in traj.error
+
+
+def test_a_call_that_ends_after_its_session_closed_is_not_kept():
+    from relax_gym.trainer.engines.openai_api import SessionRecorder
+
+    recorder = SessionRecorder()
+    recorder.record("ep", request_id="r0", created=0.0, prompt_ids=[1], completion_ids=[2], logprobs=[-0.1], media=(),
+                    text="a", finish_reason="stop", weight_version=None)
+    recorder.fail("ep", "RuntimeError: boom")
+    calls, failures = recorder.close("ep")
+    assert len(calls) == 1 and failures == ["RuntimeError: boom"]
+    recorder.record("ep", request_id="r1", created=0.0, prompt_ids=[1], completion_ids=[3], logprobs=[-0.1], media=(),
+                    text="b", finish_reason="stop", weight_version=None)
+    recorder.fail("ep", "late")
+    assert recorder.sessions() == {} and recorder.close("ep") == ([], [])
 
 
 def test_a_timed_out_program_is_trained_with_its_score():

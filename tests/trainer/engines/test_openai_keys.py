@@ -121,7 +121,7 @@ def test_engine_server_token_guards_the_native_routes(api):
 
 
 def test_non_loopback_bind_needs_a_token(api):
-    for host in ("0.0.0.0", "192.0.2.7", "::"):
+    for host in ("0.0.0.0", "::"):  # refused before anything binds
         with pytest.raises(ValueError, match="not a loopback address"):
             serve(_Alive(), host=host)
         with pytest.raises(ValueError, match="token="):
@@ -130,3 +130,15 @@ def test_non_loopback_bind_needs_a_token(api):
         serve_openai(api, token=" padded ")
     with serve_openai(api, host="localhost") as server:  # loopback by name is fine without a token
         assert server.url.startswith("http://")
+
+
+def test_the_engine_token_comes_from_the_environment_and_clients_send_it(monkeypatch):
+    """RELAX_GYM_ENGINE_TOKEN: what a multi-node run sets on every node (docs/scaling.md) so that engines may bind a
+    non-loopback host; the servers require it, the engine clients send it."""
+    from relax_gym.trainer.engines.client import EngineClient
+
+    monkeypatch.setenv("RELAX_GYM_ENGINE_TOKEN", "node-secret")
+    with serve(_Alive()) as server, http(server.url) as anon:
+        assert server.token == "node-secret" and anon.get("/health").status_code == 401
+        with EngineClient(server.url, timeout=30, retries=0) as client:
+            assert client.health()

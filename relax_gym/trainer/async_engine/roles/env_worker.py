@@ -31,15 +31,24 @@ from typing import Any
 import relax_gym
 from relax_gym.trainer.async_engine.bus_source import open_bus
 from relax_gym.trainer.async_engine.carry import claim_slot
+from relax_gym.trainer.async_engine.replica import (
+    announce_replica,
+    build_processor_only,
+    retries_within,
+    setup_replica,
+)
 from relax_gym.trainer.config import RelaxConfig
-from relax_gym.trainer.engines.serve_client import HandleEngineClient
-from relax_gym.trainer.policy.moe import routing_dims
 from relax_gym.trainer.databus.protocol import DuplicateRowError
+from relax_gym.trainer.engines.serve_client import HandleEngineClient
 from relax_gym.trainer.faults.hooks import SandboxHangs
-from relax_gym.trainer.async_engine.replica import announce_replica, build_processor_only, retries_within, setup_replica
+from relax_gym.trainer.policy.moe import routing_dims
 from relax_gym.trainer.rollout.episode import Trajectory, run_episode
 from relax_gym.trainer.rollout.program_episode import ProgramEpisodes, is_agent_program
-from relax_gym.trainer.rollout.samples import parse_version, summary_dict, trajectory_row
+from relax_gym.trainer.rollout.samples import (
+    parse_version,
+    summary_dict,
+    trajectory_row,
+)
 
 __all__ = ["EnvWorkerRole"]
 
@@ -65,7 +74,9 @@ class EnvWorkerRole:
         env = self.cfg.env
         self._train_envs = [relax_gym.make(env.id, **env.kwargs) for _ in range(pool_size)]
         self._eval_envs = [relax_gym.make(env.id, **{**env.kwargs, **env.eval_kwargs}) for _ in range(eval_pool_size)]
-        self._programs = ProgramEpisodes(self.processor)  # agent-program envs: an OpenAI gateway over the engine client
+        # agent-program envs: an OpenAI gateway over the engine client (a prompt longer than the model's positions is
+        # refused by the engine: that call fails and the episode is masked)
+        self._programs = ProgramEpisodes(self.processor)
         self._train_pool: asyncio.Queue | None = None
         self._eval_pool: asyncio.Queue | None = None
         self._fatal: str | None = None
@@ -177,6 +188,9 @@ class EnvWorkerRole:
         return [summary_dict(traj, f"eval-{s}", versions) for (traj, versions), s in zip(played, seeds)]
 
     def __del__(self) -> None:
+        programs = getattr(self, "_programs", None)
+        if programs is not None:
+            programs.close()
         for env in getattr(self, "_train_envs", []) + getattr(self, "_eval_envs", []):
             try:
                 env.close()
