@@ -69,7 +69,7 @@ def cache_root() -> Path:
     this user owns that nobody else may write (a repo cloned under root's 0700 home still works with bwrap)."""
     base = os.environ.get("RELAX_GYM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "relax-gym")
     preferred = Path(base) / "pyruntime"
-    if _others_can_reach(preferred):
+    if _others_can_reach(preferred) and not _others_can_write(preferred):
         return preferred
     fallback = Path(tempfile.gettempdir()) / f"relax-gym-pyruntime-{os.getuid()}"
     fallback.mkdir(mode=0o755, exist_ok=True)
@@ -78,6 +78,17 @@ def cache_root() -> Path:
         raise PermissionError(f"{fallback} is not a folder owned by uid {os.getuid()} and closed to other writers; "
                               "remove it or set RELAX_GYM_CACHE to a folder every user can pass through")
     return fallback
+
+
+def _others_can_write(path: Path) -> bool:
+    """True when another user could plant a runtime: ``path`` or its parent exists and is group/other-writable."""
+    for folder in (path, path.parent):
+        try:
+            if folder.stat().st_mode & 0o022:
+                return True
+        except FileNotFoundError:
+            continue
+    return False
 
 
 def _others_can_reach(path: Path) -> bool:

@@ -51,8 +51,12 @@ def test_parse_never_raises_and_counts_blocks(text: str) -> None:
             assert isinstance(c.name, str) and isinstance(c.arguments, dict)
 
 
+# A call whose JSON holds "<tool_call>" or "</tool_call>" (in its name, a key or a value) cannot be told apart from
+# the block's own tags: the text format cannot carry those strings, and hypothesis finds them (it draws on the
+# literals of the code under test).
 calls = st.tuples(st.text(TEXT_CHARS, max_size=12), st.dictionaries(st.text(TEXT_CHARS, max_size=8), json_values,
-                                                                   max_size=4))
+                                                                   max_size=4)).filter(
+    lambda c: OPEN not in json.dumps(c, ensure_ascii=False) and CLOSE not in json.dumps(c, ensure_ascii=False))
 
 
 @PARSE
