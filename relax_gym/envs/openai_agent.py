@@ -24,6 +24,24 @@ from relax_gym.envs.tool_use import generate_task
 
 AGENT_FILE = "python_tool_agent.py"
 
+# The gold programs read the numbers from the agent's `task` variable, so a kind of puzzle has one program whatever
+# its numbers: the policy learns which program a question needs, and to copy what it prints into the answer.
+_NUMBERS = "import re\nn = [int(x) for x in re.findall(r'\\d+', task)]\n"
+SOLUTIONS = {
+    "What is the sum of the decimal digits": _NUMBERS + "print(sum(int(d) for d in str(n[-2] ** n[-1])))",
+    "How many prime numbers": _NUMBERS + "print(sum(all(k % p for p in range(2, int(k ** 0.5) + 1)) for k in range(2, n[-1])))",
+    "With F(0)=0 and F(1)=1": _NUMBERS + "a, b = 0, 1\nfor _ in range(n[-2]):\n    a, b = b, (a + b) % n[-1]\nprint(a)",
+    "What is the sum of i^2": _NUMBERS + "print(sum(i * i for i in range(1, n[-2] + 1) if i % n[-1] == 0))",
+}
+
+
+def solution_code(question: str) -> str:
+    """The gold program for a puzzle (it reads its numbers from ``task``)."""
+    for start, code in SOLUTIONS.items():
+        if question.startswith(start):
+            return code
+    raise ValueError(f"no solution program for the puzzle {question[:60]!r}")
+
 
 def agent_source() -> str:
     return resources.files("relax_gym.envs.agents").joinpath(AGENT_FILE).read_text(encoding="utf-8")
@@ -40,9 +58,9 @@ class OpenAIAgentEnv(AgentProgramEnv):
         self.answer: int | None = None
 
     def _make_task(self, options: dict[str, Any]) -> ProgramTask:
-        question, code, answer = generate_task(self.np_random)
+        question, _, answer = generate_task(self.np_random)
         self.answer = answer
-        call = json.dumps({"name": "python", "arguments": {"code": code}})
+        call = json.dumps({"name": "python", "arguments": {"code": solution_code(question)}})
         return ProgramTask(
             prompt=question,
             argv=["env", f"AGENT_MAX_CALLS={self.max_calls}", f"AGENT_MAX_TOKENS={self.max_tokens}", PYTHON, AGENT_FILE],

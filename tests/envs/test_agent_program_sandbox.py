@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from relax_gym.envs.agent_program import AgentEndpoint
+from relax_gym.envs.episode_sandbox import shared_pool
 from relax_gym.envs.openai_agent import OpenAIAgentEnv
+from relax_gym.sandbox import sync
 from relax_gym.sandbox.backends import get_backend
 from tests.envs.scripted_model import ScriptedModel, gold_replies
 
@@ -15,10 +17,14 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(params=["docker", "bwrap"])
 def backend(request):
-    problem = get_backend(request.param).check()
+    b = get_backend(request.param)
+    problem = b.check()
     if problem:
         pytest.skip(f"{request.param} sandbox backend unavailable: {problem}")
-    return request.param
+    yield request.param
+    # the episodes' sandboxes come from the process-wide pool: closing it must leave nothing of ours alive
+    sync.run(shared_pool(request.param).close())
+    assert not b.live()
 
 
 def test_the_sandboxed_agent_solves_the_task_through_the_socket_only(backend):

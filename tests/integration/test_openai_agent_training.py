@@ -14,6 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from relax_gym.cli import app
+from relax_gym.envs.episode_sandbox import shared_pool
+from relax_gym.sandbox import sync
 from relax_gym.sandbox.backends import get_backend
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -29,6 +31,17 @@ def _need(backend: str) -> None:
     problem = get_backend(backend).check()
     if problem:
         pytest.skip(f"{backend} sandbox backend unavailable: {problem}")
+
+
+@pytest.fixture(autouse=True)
+def no_sandbox_left():
+    """The in-process (colocate) runs lease their sandboxes from this process's pools: nothing may outlive a test."""
+    yield
+    for name in ("docker", "bwrap"):
+        backend = get_backend(name)
+        if backend.check() is None:
+            sync.run(shared_pool(name).close())
+            assert not backend.live(), f"{name} sandboxes left alive"
 
 
 def _train(run_dir: Path, *overrides: str) -> list[dict]:

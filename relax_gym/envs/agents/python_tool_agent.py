@@ -17,12 +17,14 @@ import sys
 from openai import OpenAI
 
 SYSTEM = ("Solve the task. Think inside <think></think> before each action. Use the python tool to compute what "
-          "you need, then give the final answer as <think>...</think><answer>NUMBER</answer>.")
+          "you need (its programs can read the task's text as the string variable `task`), then give the final "
+          "answer as <think>...</think><answer>NUMBER</answer>.")
 TOOLS = [{
     "type": "function",
     "function": {
         "name": "python",
-        "description": "Run a Python 3 program and return what it prints (stdout, then stderr).",
+        "description": "Run a Python 3 program and return what it prints (stdout, then stderr). The variable `task` "
+                       "holds the task's text.",
         "parameters": {
             "type": "object",
             "properties": {"code": {"type": "string", "description": "the program; print the values you need"}},
@@ -36,8 +38,9 @@ CODE_TIMEOUT_S = float(os.environ.get("AGENT_CODE_TIMEOUT_S", "10"))
 MAX_TOOL_OUTPUT = 2_000
 
 
-def run_python(arguments: str) -> str:
-    """The tool: run the call's ``code`` in a child interpreter; every failure is text for the model."""
+def run_python(arguments: str, task: str) -> str:
+    """The tool: run the call's ``code`` in a child interpreter, with the task's text in the variable ``task``;
+    every failure is text for the model."""
     try:
         code = json.loads(arguments)["code"]
         if not isinstance(code, str):
@@ -45,7 +48,7 @@ def run_python(arguments: str) -> str:
     except (ValueError, KeyError, TypeError) as exc:
         return f"Error: the arguments must be a JSON object with a string 'code' ({exc})"
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=CODE_TIMEOUT_S, check=False)
+        done = subprocess.run([sys.executable, "-c", f"task = {task!r}\n{code}"], capture_output=True, text=True, timeout=CODE_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         return f"Error: the program ran longer than {CODE_TIMEOUT_S:g} s"
     text = done.stdout + (f"\n[stderr]\n{done.stderr}" if done.stderr else "")
@@ -69,7 +72,7 @@ def main() -> int:
             final = message.content or ""
             break
         for call in message.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": run_python(call.function.arguments)})
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": run_python(call.function.arguments, question)})
     with open("answer.txt", "w", encoding="utf-8") as f:
         f.write(final)
     print(json.dumps({"calls": sum(m["role"] == "assistant" for m in messages), "final": final}))
