@@ -1,10 +1,10 @@
 """``openai-agent``: the tool-use puzzles, solved by an agent program that only knows an OpenAI endpoint.
 
 The agent (:mod:`relax_gym.envs.agents.python_tool_agent`) is a plain script on the official ``openai`` client
-with a ``python`` tool it implements itself; the env writes it and the question into the episode's working
-directory, runs it (see :class:`~relax_gym.envs.agent_program.AgentProgramEnv`), and scores the final message it
-leaves in ``answer.txt``: 0.9 accuracy (math-verify against the known answer) + 0.1 format
-(``<think>…</think><answer>…</answer>``).
+with a ``python`` tool it implements itself (the tool's programs see the task's text as the variable ``task``).
+The env writes it and the question into the episode's working directory, runs it (see
+:class:`~relax_gym.envs.agent_program.AgentProgramEnv`), and scores the final message it leaves in ``answer.txt``:
+0.9 accuracy (math-verify against the known answer) + 0.1 format (``<think>…</think><answer>…</answer>``).
 """
 
 from __future__ import annotations
