@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 PYTHON = "{python}"  # in a task's argv: this interpreter when local, python3 in a sandbox
 MAX_LOG_CHARS = 4_000
-SANDBOX_LISTEN_PORT = 8765  # the forwarder's port on the sandbox's own loopback
 ENV_FILE = ".relax-agent.env"  # in the sandbox's workdir: the endpoint and key, read (and deleted) by the forwarder
 
 
@@ -212,6 +211,7 @@ class AgentProgramEnv(AgentEnv):
 
     def _run_sandboxed(self, task: ProgramTask, endpoint: AgentEndpoint) -> ProgramRun:
         from relax_gym.sandbox.bridge import (
+            DEFAULT_LISTEN_PORT,
             bridge_mounts,
             bridged_command,
             shared_bridge,
@@ -230,7 +230,7 @@ class AgentProgramEnv(AgentEnv):
             site = python_packages_dir(list(self.python_packages))
             mounts.append(runtime_mount(site))
             env.update(runtime_env(site))
-        inner_url = endpoint.base_url.replace(f"{host}:{port}", f"127.0.0.1:{SANDBOX_LISTEN_PORT}", 1)
+        inner_url = endpoint.base_url.replace(f"{host}:{port}", f"127.0.0.1:{DEFAULT_LISTEN_PORT}", 1)
         secrets = _openai_env(AgentEndpoint(inner_url, endpoint.api_key, endpoint.model))
         # validated again: the mounts must not clash with the spec's workdir or its own mounts
         spec = SandboxSpec.model_validate({**self.sandbox_spec.model_dump(),
@@ -246,7 +246,7 @@ class AgentProgramEnv(AgentEnv):
             env_file = f"{spec.workdir}/{ENV_FILE}"
             sandbox.write_file(ENV_FILE, "".join(f"{k}={v}\n" for k, v in secrets.items()))
             program = ["python3" if a == PYTHON else a for a in task.argv]
-            argv = bridged_command(program, listen_port=SANDBOX_LISTEN_PORT, env=env, env_file=env_file)
+            argv = bridged_command(program, env=env, env_file=env_file)  # the forwarder on DEFAULT_LISTEN_PORT
             result = sandbox.exec(shlex.join(argv), timeout=self.program_timeout_s)
             outputs = {}
             for name in task.outputs:
@@ -273,7 +273,7 @@ class AgentProgramEnv(AgentEnv):
         if isinstance(event, ProgramExit):  # it ended without calling the model: the first step scores it
             self._last_exit = event.run
             return Opening([Message(role="user", content=(TextPart(task.prompt),))], self._gold_reply(), dict(task.info))
-        return Opening(event.messages, self._gold_reply(), {**task.info, **event.info})
+        return Opening(event.messages, self._gold_reply(), dict(task.info))
 
     def _play(self, task: ProgramTask, endpoint: AgentEndpoint) -> None:
         assert self._proxy is not None
@@ -290,7 +290,7 @@ class AgentProgramEnv(AgentEnv):
                 raise RuntimeError("the agent program rewrote its conversation history, which turn-by-turn play cannot "
                                    "follow (run_program, the trainer's path, trains such agents)")
             if not isinstance(event, ProgramExit):
-                return Outcome(event.messages, 0.0, False, {}, gold=self._gold_reply(), info=event.info)
+                return Outcome(event.messages, 0.0, False, {}, gold=self._gold_reply())
             self._last_exit = event.run
         outcome = self._outcome(self._last_exit)
         if outcome.status == "env_error":

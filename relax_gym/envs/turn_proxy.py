@@ -45,7 +45,6 @@ class CallEvent:
     """A model call: the messages new since the previous one."""
 
     messages: list[Message]
-    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

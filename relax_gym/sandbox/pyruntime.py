@@ -29,6 +29,7 @@ directory must be reachable by the sandbox uid (not under a 0700 home): bwrap mo
 from __future__ import annotations
 
 import compileall
+import functools
 import hashlib
 import importlib.metadata as md
 import json
@@ -222,15 +223,24 @@ def _build(tree: Path, dists: list[md.Distribution], manifest: dict) -> None:
     _chmod_dirs(tree)
 
 
-def python_packages_dir(names: Iterable[str], cache_dir: str | os.PathLike | None = None) -> Path:
-    """A cached directory of ``names`` and their runtime dependencies, copied from this environment (see the
-    module docstring). Raises ValueError naming a distribution that is missing, editable or unlistable."""
-    names = list(names)
+@functools.lru_cache(maxsize=32)
+def _identity(names: tuple[str, ...]) -> tuple[list[md.Distribution], list[str], str, str, str]:
+    """What names a runtime: the distributions, their pins, the python tag, the digest and the folder label. Read
+    once per process (walking every installed distribution's metadata costs ~25 ms, and an agent-program env asks
+    for its runtime every episode)."""
     dists = distribution_closure(names)
     pins = sorted(f"{canonicalize_name(d.metadata['Name'])}=={d.version}" for d in dists)
     tag = python_tag()
     digest = hashlib.sha256(json.dumps([FORMAT, tag, pins]).encode()).hexdigest()[:16]
     label = "-".join(sorted(canonicalize_name(_requirement(n, None).name) for n in names))[:60]
+    return dists, pins, tag, digest, label
+
+
+def python_packages_dir(names: Iterable[str], cache_dir: str | os.PathLike | None = None) -> Path:
+    """A cached directory of ``names`` and their runtime dependencies, copied from this environment (see the
+    module docstring). Raises ValueError naming a distribution that is missing, editable or unlistable."""
+    names = list(names)
+    dists, pins, tag, digest, label = _identity(tuple(names))
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     final = root / f"{label}-{digest}"
     if (final / MANIFEST).is_file():

@@ -41,7 +41,8 @@ class EngineAPI:
     def __init__(self, url: str, *, timeout_s: float = 300.0, retries: int = 1, backoff_s: float = 0.1) -> None:
         self.url = url.rstrip("/")
         self.retries, self.backoff_s = int(retries), float(backoff_s)
-        token = os.environ.get("RELAX_GYM_ENGINE_TOKEN")  # engines on a non-loopback host need it (engines/http_server.py)
+        # engines on a non-loopback host need it; dcs may not import engines (engines/client.py: engine_token)
+        token = os.environ.get("RELAX_GYM_ENGINE_TOKEN")
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
                                   headers={"Authorization": f"Bearer {token}"} if token else None)
 

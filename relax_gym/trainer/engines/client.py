@@ -146,13 +146,22 @@ def _error_message(response: httpx.Response) -> tuple[str, Any]:
     return str(body), body
 
 
-def with_engine_token(headers: Mapping[str, str] | None) -> dict[str, str]:
-    """``headers`` plus ``Authorization: Bearer $RELAX_GYM_ENGINE_TOKEN`` when that variable is set (engine servers
-    that bind a non-loopback host require it) and no Authorization header is given."""
+ENGINE_TOKEN_ENV = "RELAX_GYM_ENGINE_TOKEN"
+
+
+def engine_token() -> str | None:
+    """The engine servers' shared token from ``$RELAX_GYM_ENGINE_TOKEN`` (None when unset): a trainer whose engines
+    bind a non-loopback ``inference.host`` sets it on every node; the servers require it, the clients send it."""
     import os
 
+    return os.environ.get(ENGINE_TOKEN_ENV) or None
+
+
+def with_engine_token(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """``headers`` plus ``Authorization: Bearer <engine_token()>`` when a token is set and no Authorization header
+    is given."""
     out = dict(headers or {})
-    token = os.environ.get("RELAX_GYM_ENGINE_TOKEN")
+    token = engine_token()
     if token and not any(k.lower() == "authorization" for k in out):
         out["Authorization"] = f"Bearer {token}"
     return out

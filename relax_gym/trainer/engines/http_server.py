@@ -81,10 +81,9 @@ from relax_gym.trainer.engines.admin_protocol import (
     UpdateWeightVersionReqInput,
     WeightsChecksumReqInput,
 )
+from relax_gym.trainer.engines.client import engine_token
 from relax_gym.trainer.engines.protocol import GenerateReqInput
 from relax_gym.trainer.engines.validation import parse_request
-
-ENGINE_TOKEN_ENV = "RELAX_GYM_ENGINE_TOKEN"
 
 __all__ = ["EngineServer", "OpenAIServer", "serve", "serve_openai"]
 
@@ -534,14 +533,6 @@ def serve(engine: Any, host: str = "127.0.0.1", port: int = 0, *, close_engine: 
     if token is None:
         token = engine_token()
     return EngineServer(engine, host, port, close_engine=close_engine, model_name=model_name, token=token)
-
-
-def engine_token() -> str | None:
-    """The engine servers' shared token from ``$RELAX_GYM_ENGINE_TOKEN`` (None when unset): a trainer whose engines
-    bind a non-loopback ``inference.host`` sets it on every node; :mod:`~relax_gym.trainer.engines.client` sends it."""
-    import os
-
-    return os.environ.get(ENGINE_TOKEN_ENV) or None
 
 
 def serve_openai(api: Any, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None) -> OpenAIServer:
