@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from enum import StrEnum
@@ -19,6 +20,9 @@ app.add_typer(envs_app, name="envs")
 sandbox_app = typer.Typer(help="Sandboxes for tool code: build the base image, diagnose backends.", no_args_is_help=True)
 base_app = typer.Typer(help="Base models: what a run starts from before RL (model.base), built once and cached.", no_args_is_help=True)
 app.add_typer(base_app, name="base")
+judge_app = typer.Typer(help="Judge models (judge.model): LLM judges built in code for rubrics' judge parts, cached.",
+                        no_args_is_help=True)
+app.add_typer(judge_app, name="judge")
 app.add_typer(sandbox_app, name="sandbox")
 
 
@@ -47,7 +51,7 @@ def _registry():
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}")
+    err_console.print("[bold red]error:[/] " + escape(message))  # messages name [reward], [dataset], ...: not markup
     return typer.Exit(code)
 
 
@@ -100,6 +104,10 @@ def envs_show(env_id: str) -> None:
     if s.description:
         console.print(f"description: {s.description}")
     console.print("kwargs: " + json.dumps(s.kwargs, indent=2, default=str))
+    rubric = s.manifest.rubric() if s.manifest is not None else None
+    if rubric is not None:
+        console.print("reward (rubric): " + escape(", ".join(
+            f"{p.name} ({p.rule if p.kind == 'rule' else 'judge'}, weight {p.weight:g})" for p in rubric.parts)))
 
 
 @envs_app.command("check")
@@ -109,7 +117,7 @@ def envs_check(
     data_dir: Annotated[Path | None, typer.Option(help="real dataset folder")] = None,
 ) -> None:
     """Run gymnasium's env checker plus relax rules; exit 1 on the first failing env."""
-    from relax_gym.envs import EnvCheckError, check_env
+    from relax_gym.envs import EnvCheckError, RubricError, check_env
     from relax_gym.sandbox import SandboxError
 
     registry = _registry()
@@ -121,7 +129,7 @@ def envs_check(
         env = _make(one, {"data_dir": str(data_dir)} if data_dir else {})
         try:
             report = check_env(env)
-        except (EnvCheckError, SandboxError) as exc:
+        except (EnvCheckError, SandboxError, RubricError) as exc:
             console.print(f"[red]FAIL[/] {one}: " + escape(str(exc)))
             failed.append(one)
             continue
@@ -142,6 +150,8 @@ def envs_play(
     split: Annotated[str | None, typer.Option(help="dataset split")] = None,
 ) -> None:
     """Play episodes and print the conversation (media summarised: shape, duration, fps) and rewards."""
+    from relax_gym.envs import RubricError
+
     kwargs: dict[str, Any] = {}
     if data_dir is not None:
         kwargs["data_dir"] = str(data_dir)
@@ -158,13 +168,18 @@ def envs_play(
         while not done:
             action = _choose(policy, env, info)
             console.print("[bold cyan]assistant:[/] " + escape(action))
-            obs, reward, terminated, truncated, info = env.step(action)
+            try:
+                obs, reward, terminated, truncated, info = env.step(action)
+            except RubricError as exc:
+                raise _fail(str(exc)) from None
             _print_messages(obs)
             _print_tool_results(obs)
             ret += reward
             done = terminated or truncated
             console.print(f"reward {reward:.3f}  breakdown {info.get('reward_breakdown')}  status {info['status']}"
-                          + (f" ({info.get('status_detail') or info.get('error')})" if info["status"] not in ("ok",) else ""))
+                          + (f" ({escape(str(info.get('status_detail') or info.get('error')))})" if info["status"] not in ("ok",) else ""))
+            if info.get("judge_requests"):
+                console.print("pending judge parts (counted 0 here): " + ", ".join(r["part"] for r in info["judge_requests"]))
         total += ret
     console.rule()
     console.print(f"mean return over {episodes} episode(s): {total / episodes:.3f}")
@@ -318,6 +333,52 @@ def base_list() -> None:
     console.print(table)
 
 
+@contextlib.contextmanager
+def _sft_progress(label: str, step_event: str):
+    """A progress bar for an SFT build (a base, a judge): yields the ``progress(event, data)`` callback that moves it
+    on ``step_event`` events (``step``, ``of``, ``sft_nll``)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as progress:
+        task = progress.add_task(label, total=None, info="")
+
+        def on_event(event: str, data: dict) -> None:
+            if event == step_event:
+                progress.update(task, total=data["of"], completed=data["step"], info=f"nll {data['sft_nll']:.3f}")
+
+        yield on_event
+
+
+@judge_app.command("list")
+def judge_list() -> None:
+    """The named judges a recipe's judge.model can ask for, and whether each is built."""
+    from relax_gym.trainer.rewards.judge_model import JUDGES, judge_key, judges_root
+
+    table = Table("judge", "steps", "built", "about", box=None)
+    for name, spec in sorted(JUDGES.items()):
+        built = (judges_root() / f"{name}-{judge_key(spec)}" / "judge.json").is_file()
+        table.add_row(name, str(spec.steps), "yes" if built else "no", spec.about)
+    console.print(table)
+
+
+@judge_app.command("build")
+def judge_build(name: Annotated[str, typer.Argument(help="a named judge (relax-gym judge list)")] = "describe-judge") -> None:
+    """Build a named judge into the cache now (a run would build it on first use) and print its held-out agreement
+    with the rule verdict, its time and its path. A second call finds it in the cache."""
+    from relax_gym.trainer.rewards.judge_model import JUDGES, ensure_judge
+
+    if name not in JUDGES:
+        raise _fail(f"no judge {name!r}; known: {', '.join(sorted(JUDGES))}", 2)
+    with _sft_progress(f"judge {name}", "judge_step") as on_event:
+        info = ensure_judge(name, progress=on_event)
+    held = info.report.get("held_out", {})
+    console.print(f"judge {name}: {'built' if info.built else 'found in the cache'} at {escape(str(info.path))}")
+    console.print(f"held-out agreement with the rule verdict: {held.get('overall')} on {held.get('n')} pairs "
+                  f"(rule yes: {held.get('yes_rule')}, rule no: {held.get('no_rule')}, malformed: {held.get('malformed')}); "
+                  f"built in {info.report.get('seconds', {}).get('total')} s")
+
+
 @base_app.command("build", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def base_build(
     recipe: Annotated[Path | None, typer.Argument(help="YAML recipe whose model section names the base and its sizes")] = None,
@@ -326,8 +387,6 @@ def base_build(
     """Build the recipe's model.base into the cache now (a run would build it on first use) and print its time,
     its held-out caption accuracy and its path. A second call finds it in the cache."""
     import time
-
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from relax_gym.trainer.base.build import ensure_base
     from relax_gym.trainer.config import ConfigError, load_recipe
@@ -340,14 +399,7 @@ def base_build(
         raise _fail(f"{recipe or 'the default recipe'} names no model.base; pass model.base=NAME "
                     "(relax-gym base list shows the names)", 2)
     start = time.perf_counter()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as progress:
-        task = progress.add_task(f"base {cfg.model.base}", total=None, info="")
-
-        def on_event(event: str, data: dict) -> None:
-            if event == "base_step":
-                progress.update(task, total=data["of"], completed=data["step"], info=f"nll {data['sft_nll']:.3f}")
-
+    with _sft_progress(f"base {cfg.model.base}", "base_step") as on_event:
         info = ensure_base(cfg.model.base, cfg.model, progress=on_event)
     console.print(_base_line({"name": info.name, "path": str(info.path), "built": info.built, "report": info.report}))
     console.print(f"{time.perf_counter() - start:.1f} s in this call")

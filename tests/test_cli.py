@@ -60,7 +60,7 @@ def test_play_stdin_and_random():
 def test_unknown_env_is_one_clear_error():
     result = runner.invoke(app, ["envs", "play", "nextqa-vid"])
     assert result.exit_code == 1
-    assert "error: no environment 'nextqa-vid'. Did you mean: nextqa-video, nextqa-video-agent?" in " ".join(result.output.split())
+    assert "error: no environment 'nextqa-vid'. Did you mean: nextqa-video, nextqa-video-agent, nextqa-describe?" in " ".join(result.output.split())
 
 
 def test_console_script_is_installed():

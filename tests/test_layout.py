@@ -22,7 +22,7 @@ FORBIDDEN = {
 }
 
 # The trainer's units (a folder, or one of the root modules) and the units each may import. Read bottom-up:
-# algorithms <- policy <- {engines, actors} <- {rollout, dcs, base} <- config <- run <- {colocate, async_engine} <- train.
+# algorithms <- policy <- {engines, actors} <- {rollout, dcs, base} <- config <- rewards <- run <- {colocate, async_engine} <- train.
 # Only async_engine uses the data bus; nothing imports tools (python -m entry points).
 LOW = {"algorithms", "faults", "databus"}
 ALLOWED: dict[str, set[str]] = {
@@ -36,16 +36,18 @@ ALLOWED: dict[str, set[str]] = {
     "dcs": {"policy", "algorithms", "actors"},  # never engines: engines get their receiving end injected
     "base": {"policy", "algorithms", "actors", "engines"},  # the base stage: a captioning SFT before any run
     "config": {"algorithms", "faults", "policy", "engines", "base"},
-    "run": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "base"},
-    "colocate": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "base"},
+    # the judge (GenRM core), its engine in colocate mode and the judge models built in code
+    "rewards": {"algorithms", "policy", "engines", "actors", "rollout", "config"},
+    "run": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "base", "rewards"},
+    "colocate": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "base", "rewards"},
     "async_engine": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "databus",
-                     "base"},
+                     "base", "rewards"},
     "train": {"config", "colocate", "async_engine", "base"},
     "tools": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "colocate", "base",
-              "async_engine", "databus"},
+              "async_engine", "databus", "rewards"},
 }
 # relax_gym packages outside the trainer each unit may use (only the episode-running and driving units meet envs)
-ENVS_USERS = {"rollout", "run", "colocate", "async_engine", "tools", "base"}
+ENVS_USERS = {"rollout", "run", "colocate", "async_engine", "tools", "base", "rewards"}
 ROOT_UNITS = {"config_loader": "config"}  # root modules that belong to another unit
 
 

@@ -6,9 +6,12 @@ from relax_gym.envs.core import AgentEnv, Opening, Outcome, Status
 from relax_gym.envs.datasets import DatasetError
 from relax_gym.envs.manifest import EnvManifest, ManifestError, load_manifest
 from relax_gym.envs.registry import EnvSpec, UnknownEnvError, discover, discovery_errors, list_envs, make, register, spec
+from relax_gym.envs.rubric import RULES, JudgeRequest, Rubric, RubricError, RubricPart, RubricScore, combine, register_rule
+from relax_gym.envs.rubric_env import with_rubric
 
 __all__ = [
-    "AgentEnv", "CheckReport", "DatasetError", "EnvCheckError", "EnvManifest", "EnvSpec", "ManifestError", "Opening",
-    "Outcome", "Status", "UnknownEnvError", "check_env", "discover", "discovery_errors", "list_envs", "load_manifest",
-    "make", "register", "spec",
+    "RULES", "AgentEnv", "CheckReport", "DatasetError", "EnvCheckError", "EnvManifest", "EnvSpec", "JudgeRequest",
+    "ManifestError", "Opening", "Outcome", "Rubric", "RubricError", "RubricPart", "RubricScore", "Status",
+    "UnknownEnvError", "check_env", "combine", "discover", "discovery_errors", "list_envs", "load_manifest", "make",
+    "register", "register_rule", "spec", "with_rubric",
 ]

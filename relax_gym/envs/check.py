@@ -10,6 +10,7 @@ import gymnasium
 from gymnasium.utils.env_checker import check_env as gym_check_env
 
 from relax_gym.envs.core import AgentEnv, Status
+from relax_gym.envs.rubric import combine
 from relax_gym.omni import dumps
 
 GARBAGE_ACTIONS = ("", "   ", "no tags at all", "<answer>", "<answer>Z</answer>", "\x00\x01\ufffd", "x" * 70_000)
@@ -32,7 +33,8 @@ def check_env(env: gymnasium.Env, *, seeds: tuple[int, ...] = (0, 1, 2), skip_gy
     Rules: gymnasium's ``env_checker`` (spaces, seeding, determinism, passive checks); same seed ⇒ same
     episode (observation JSON and gold); observations serialise to JSON; the gold action earns the maximum
     reward; garbage actions (empty, no tags, wrong letter, control bytes, oversize) earn the minimum, with no
-    exception.
+    exception. Judge parts a rubric leaves pending (``info["judge_requests"]``) count as a perfect verdict (1) for
+    the gold actions and as 0 otherwise.
     """
     base = env.unwrapped
     if not isinstance(base, AgentEnv):
@@ -80,6 +82,9 @@ def _play_gold(env: AgentEnv, seed: int) -> float:
         _obs_json(obs, f"step (seed {seed})")
         if info["status"] != Status.OK.value and not terminated:
             raise EnvCheckError(f"gold action ended with status {info['status']}")
+        if info.get("judge_requests"):  # a perfect judge approves the gold answer
+            judged = {request["part"]: 1.0 for request in info["judge_requests"]}
+            reward = combine(info["reward_weights"], {**info["reward_breakdown"], **judged})
         total += reward
         done = terminated or truncated
     return total

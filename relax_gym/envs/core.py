@@ -6,7 +6,14 @@ text for the turn. Invariants every subclass gets for free:
 - ``reset`` returns the opening messages; each ``step`` returns only the *new* messages (append-only), so a
   trainer never re-renders earlier turns. ``history`` holds the whole conversation, the actions included.
 - ``info`` always carries ``episode_id`` (reproducible for a given seed), ``turn``, ``status`` (see :class:`Status`), ``gold`` (an action
-  that earns the maximum reward, for oracle policies and checks) and, after a step, ``reward_breakdown``.
+  that earns the maximum reward, for oracle policies and checks) and, after a step, ``reward_breakdown``. The
+  terminal step of an env that reports a reward context (``Outcome.reward_context``: the gold answer, the options,
+  ... as a JSON-able dict) also carries it as ``reward_context``.
+- An env with a :class:`~relax_gym.envs.rubric.Rubric` (``rubric`` on the class, or :meth:`AgentEnv.use_rubric`,
+  which a manifest's ``[[reward.parts]]`` calls) has its terminal reward replaced by the rubric's score of the final
+  action against that reward context; pending judge parts land in ``info["judge_requests"]`` and
+  ``info["reward_weights"]`` (docs/rubrics.md). A rubric that needs a field the context lacks raises
+  :class:`~relax_gym.envs.rubric.RubricError`: a configuration error, not an episode's failure.
 - A bad action (not a string, empty, too long) ends the episode with the minimum reward and
   ``status="invalid_action"``; an exception inside the subclass's ``_step`` ends it with
   ``status="env_error"`` and the error text in ``info["error"]``. Neither propagates to the episode loop.
@@ -23,6 +30,7 @@ from typing import Any
 
 import gymnasium
 
+from relax_gym.envs.rubric import Rubric, RubricError
 from relax_gym.envs.spaces import AssistantText, Conversation
 from relax_gym.omni import Message
 from relax_gym.omni.parts import TextPart
@@ -56,12 +64,15 @@ class Outcome:
     reward_breakdown: dict[str, float]
     gold: str | None = None  # the next gold action, for multi-turn envs
     info: dict[str, Any] = field(default_factory=dict)
+    reward_context: dict[str, Any] | None = None  # terminal steps: what a rubric scores against (JSON-able)
 
 
 class AgentEnv(gymnasium.Env[list, str]):
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
     media_kinds: tuple[str, ...] = ("image", "video", "audio")
     reward_range_: tuple[float, float] = (0.0, 1.0)
+    rubric: Rubric | None = None  # when set, scores the terminal step (see the module doc)
+    rubric_source: str = ""  # where the rubric came from (a manifest), for its errors
 
     def __init__(self, *, max_turns: int = 1, max_action_chars: int = 32_768, render_mode: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -85,6 +96,12 @@ class AgentEnv(gymnasium.Env[list, str]):
 
     def _step(self, action: str) -> Outcome:
         raise NotImplementedError
+
+    def use_rubric(self, rubric: Rubric | dict[str, Any] | None, *, source: str = "") -> None:
+        """Score this env's terminal steps with ``rubric`` (None: the env's own reward again). ``source`` names where
+        it came from in errors (a manifest's path)."""
+        self.rubric = rubric if rubric is None or isinstance(rubric, Rubric) else Rubric.model_validate(rubric)
+        self.rubric_source = source
 
     @property
     def reward_bounds(self) -> tuple[float, float]:
@@ -132,7 +149,12 @@ class AgentEnv(gymnasium.Env[list, str]):
             "gold": self._gold,
             "reward_breakdown": dict(out.reward_breakdown),
         }
-        return list(out.messages), float(out.reward), bool(out.terminated), truncated, info
+        reward = float(out.reward)
+        if out.terminated and out.reward_context is not None:
+            info["reward_context"] = dict(out.reward_context)
+        if out.terminated and self.rubric is not None:
+            reward = self._score_rubric(action, out.reward_context or {}, info)
+        return list(out.messages), reward, bool(out.terminated), truncated, info
 
     def render(self) -> str | None:
         if self.render_mode != "ansi":
@@ -140,6 +162,20 @@ class AgentEnv(gymnasium.Env[list, str]):
         return "\n".join(f"{m.role}: " + " ".join(p.summary() if p.kind != "text" else p.text for p in m.content) for m in self.history)
 
     # -- helpers ------------------------------------------------------------------------------------------
+
+    def _score_rubric(self, action: str, context: dict[str, Any], info: dict[str, Any]) -> float:
+        """Replace the step's reward, breakdown and judge requests by the rubric's score of ``action``."""
+        assert self.rubric is not None
+        try:
+            score = self.rubric.score(action, context)
+        except RubricError as exc:
+            where = f"{self.rubric_source} [reward]: " if self.rubric_source else f"{type(self).__name__} rubric: "
+            raise RubricError(where + str(exc)) from None
+        info.pop("judge_requests", None)
+        info.pop("reward_weights", None)
+        info["reward_breakdown"] = dict(score.breakdown)
+        info.update(score.judge_info())
+        return score.total
 
     def _action_problem(self, action: Any) -> str | None:
         if not isinstance(action, str):

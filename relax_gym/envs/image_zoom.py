@@ -1,6 +1,7 @@
 """``image-zoom``: omni tool use. A 256x256 picture hides a small coloured square; the observation shows the picture
 at low resolution (the square's colour is lost in the downscale), and a ``zoom(x, y, w, h)`` tool returns the
-region at full detail as a new image part. Multiple choice: the square's colour. Needs no sandbox.
+region at full detail as a new image part. Multiple choice: the square's colour. Needs no sandbox. The answer's
+reward context: ``gold_letter``, ``options``, ``question`` and ``gold`` (the colour's name).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class ImageZoomEnv(ToolEnv):
             gold_calls=[f"<think>The square is near ({x}, {y}).</think><tool_call>{call}</tool_call>"],
             gold_answer=f"<think>The zoomed region shows a {colour} square.</think><answer>{self.gold_letter}</answer>",
             info={"square_xy": (x, y), "colour": colour},
+            reward_context={"gold_letter": self.gold_letter, "options": list(self.options), "question": question, "gold": colour},
         )
 
     def _accuracy(self, answer: str) -> float:

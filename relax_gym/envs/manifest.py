@@ -4,6 +4,10 @@ Either ``entry_point`` names an ``AgentEnv`` subclass (``"my_pkg.envs:MyEnv"``),
 gives ``[dataset]`` (+ optional ``[reward]``) and uses the built-in multiple-choice env. ``[kwargs]`` are passed to
 the constructor. A malformed file raises :class:`ManifestError` naming the file and the field.
 
+``[reward]`` is either the multiple-choice weights of a data env (``accuracy = 0.9``, ``format = 0.1``) or, for any
+env, a rubric: ``[[reward.parts]]`` tables (``name``, ``kind``, ``rule``, ``weight``, ``template``, ...; see
+:class:`~relax_gym.envs.rubric.RubricPart` and docs/rubrics.md) that replace the env's own terminal reward.
+
 A ``[server]`` table serves the env from another process (docs/env-servers.md): ``url`` connects to a running
 ``relax-gym envs serve`` server; ``python`` (an interpreter) or ``venv`` (a virtual environment: its
 ``bin/python``), relative to the manifest's folder or absolute, makes ``relax_gym.make(id)`` start that server itself.
@@ -29,6 +33,7 @@ from pydantic import (
 
 from relax_gym.envs.datasets import DatasetSpec
 from relax_gym.envs.rewards import MultipleChoiceReward
+from relax_gym.envs.rubric import Rubric, RubricPart, check_parts
 from relax_gym.sandbox.spec import SandboxSpec
 
 MANIFEST_NAME = "env.toml"
@@ -85,6 +90,41 @@ class ServerSpec(BaseModel):
         return Path(os.path.abspath(path if path.is_absolute() else manifest_dir / path))
 
 
+class RewardTable(BaseModel):
+    """``[reward]``: the weights of the multiple-choice reward (``accuracy``, ``format``: data envs), or a rubric
+    (``[[reward.parts]]``: any env)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    accuracy: float | None = Field(default=None, ge=0.0)
+    format: float | None = Field(default=None, ge=0.0)
+    parts: list[RubricPart] | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> RewardTable:
+        weights = self.accuracy is not None or self.format is not None
+        if weights and self.parts is not None:
+            raise ValueError("give either the accuracy/format weights or [[reward.parts]] tables, not both")
+        if self.parts is not None:
+            check_parts(self.parts)
+        elif not weights:
+            raise ValueError("give the accuracy/format weights or [[reward.parts]] tables")
+        else:
+            self.weights_reward()  # a zero sum fails here
+        return self
+
+    def weights_reward(self) -> MultipleChoiceReward | None:
+        """The multiple-choice reward of the weights form (unset weights keep their defaults); None for a rubric."""
+        if self.parts is not None:
+            return None
+        return MultipleChoiceReward(**{k: v for k, v in (("accuracy", self.accuracy), ("format", self.format)) if v is not None})
+
+    def rubric(self) -> Rubric:
+        """Either form as a rubric."""
+        mcq = self.weights_reward()
+        return mcq.rubric if mcq is not None else Rubric(parts=list(self.parts or ()))
+
+
 class EnvManifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -92,7 +132,7 @@ class EnvManifest(BaseModel):
     description: str = ""
     entry_point: str | None = None
     dataset: DatasetSpec | None = None
-    reward: MultipleChoiceReward | None = None
+    reward: RewardTable | None = None
     modalities: list[Literal["text", "image", "video", "audio"]] = Field(default_factory=list)
     kwargs: dict[str, Any] = Field(default_factory=dict)
     sandbox: SandboxSpec | None = None  # passed to the env as kwargs['sandbox']
@@ -117,19 +157,27 @@ class EnvManifest(BaseModel):
     def _kind(self) -> EnvManifest:
         if self.entry_point is None and self.dataset is None and not (self.server and self.server.url):
             raise ValueError("give either entry_point or a [dataset] table")
-        if self.reward is not None and self.dataset is None:
-            raise ValueError("[reward] applies to data environments only (those with a [dataset] table)")
+        if self.reward is not None and self.reward.parts is None and self.dataset is None:
+            raise ValueError("[reward] accuracy/format weights apply to data environments (those with a [dataset] "
+                             "table); give any other env a rubric: [[reward.parts]] tables (docs/rubrics.md)")
+        if self.reward is not None and self.server is not None and self.server.url:
+            raise ValueError("[reward] cannot score an env served at a url: its server applies its own manifest")
         return self
 
     def resolved_entry_point(self) -> str:
         return self.entry_point or DATA_ENV_ENTRY_POINT
 
+    def rubric(self) -> Rubric | None:
+        """The ``[[reward.parts]]`` rubric that scores this env in place of its own reward (None: no rubric)."""
+        return self.reward.rubric() if self.reward is not None and self.reward.parts is not None else None
+
     def constructor_kwargs(self) -> dict[str, Any]:
         kwargs = dict(self.kwargs)
         if self.dataset is not None:
             kwargs["dataset"] = self.dataset.model_dump()
-        if self.reward is not None:
-            kwargs["reward"] = self.reward.model_dump()
+        mcq = self.reward.weights_reward() if self.reward is not None else None
+        if mcq is not None:
+            kwargs["reward"] = mcq.model_dump()
         if self.sandbox is not None:
             kwargs["sandbox"] = self.sandbox.model_dump()
         return kwargs

@@ -8,7 +8,8 @@ record's answer. Subclasses decide what the agent sees first and which tools it 
 - ``_open(sample) -> Opening parts`` (media and text put before the question), and
 - ``_gold_calls(sample) -> list[str]`` (tool-call actions of the gold plan, one call each, used in order).
 
-Everything else (tool calls, turns, the reminder, rewards, the call cost) is :class:`ToolEnv`'s. ``instructions``
+Everything else (tool calls, turns, the reminder, rewards, the call cost) is :class:`ToolEnv`'s. The answer's reward
+context holds ``gold_letter``, ``options`` and ``question``. ``instructions``
 replaces the first paragraph of the system prompt (the tool schemas follow it while tools are enabled).
 ``tools_enabled=False`` (``ToolEnv``'s no-tool baseline) also drops the tool sentence from the default instructions
 and the tool line from the first observation: the agent answers from the first look alone.
@@ -78,6 +79,7 @@ class McqAgentEnv(ToolEnv):
             gold_calls=self._gold_calls(sample),
             gold_answer=f"<think>I saw it: {answer}.</think><answer>{sample.answer_letter}</answer>",
             info={"sample_id": sample.uid, "sample_index": index, "origin": sample.origin},
+            reward_context={"gold_letter": sample.answer_letter, "options": list(sample.options), "question": sample.question},
         )
 
     def _accuracy(self, answer: str) -> float:

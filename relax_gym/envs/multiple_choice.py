@@ -2,7 +2,8 @@
 
 The opening is a system prompt that asks for ``<think>…</think><answer>X</answer>`` and a user message with
 the media parts (video, image, audio, in that order) followed by the question and its lettered options. The
-reward is :class:`~relax_gym.envs.rewards.MultipleChoiceReward` (accuracy + format, weights configurable).
+reward is :class:`~relax_gym.envs.rewards.MultipleChoiceReward` (accuracy + format, weights configurable); the
+terminal step's reward context (for a rubric) holds ``gold_letter``, ``options`` and ``question``.
 ``nextqa-video`` and ``echo-ink`` are this class with different manifests.
 """
 
@@ -107,7 +108,9 @@ class MultipleChoiceEnv(AgentEnv):
     def _step(self, action: str) -> Outcome:
         assert self.sample is not None
         reward, breakdown = self.reward_fn(action, self.sample.answer_letter, self.sample.options)
-        return Outcome(messages=[], reward=reward, terminated=True, reward_breakdown=breakdown, info={"sample_id": self.sample.uid})
+        context = {"gold_letter": self.sample.answer_letter, "options": list(self.sample.options), "question": self.sample.question}
+        return Outcome(messages=[], reward=reward, terminated=True, reward_breakdown=breakdown, info={"sample_id": self.sample.uid},
+                       reward_context=context)
 
     def _media_parts(self, sample: McqSample) -> list[VideoPart | ImagePart | AudioPart]:
         parts: list[VideoPart | ImagePart | AudioPart] = []

@@ -8,6 +8,10 @@ Three ways in:
 3. installed packages exposing entry points in the group ``relax_gym.envs``: the entry point's *name* is the
    env id and its *value* the env class (``my-env = "my_pkg.envs:MyEnv"``); nothing is imported until made.
 
+A manifest with a rubric (``[[reward.parts]]``) registers :func:`~relax_gym.envs.rubric_env.make_with_rubric` as the
+entry point: it builds the env from the manifest's own entry point and hands it the rubric (``envs show`` still
+shows the env's entry point and kwargs).
+
 A manifest with a ``[server]`` table registers a *served* env: ``make`` returns a client
 (:class:`~relax_gym.envs.remote.client.RemoteEnv`) of a server that runs the env in another process, started on first
 use when the table names an interpreter (docs/env-servers.md). ``make("remote:http://HOST:PORT/ID")`` connects to
@@ -44,6 +48,7 @@ ENTRY_POINT_GROUP = "relax_gym.envs"
 ENV_PATH_VAR = "RELAX_GYM_ENV_PATH"
 REMOTE_PREFIX = "remote:"
 SERVED_ENTRY_POINT = "relax_gym.envs.remote.launcher:served_env"  # what gymnasium calls for a [server] manifest
+RUBRIC_ENTRY_POINT = "relax_gym.envs.rubric_env:make_with_rubric"  # ... for a manifest with [[reward.parts]]
 
 
 class UnknownEnvError(KeyError):
@@ -122,14 +127,26 @@ def register_manifest(path: Path, *, override: bool = False, in_process: bool = 
     m = load_manifest(path)
     path = Path(path) / MANIFEST_NAME if Path(path).is_dir() else Path(path)
     served = m.server is not None and not in_process
+    rubric = m.rubric()
+    if served:
+        entry_point, kwargs = SERVED_ENTRY_POINT, {"relax_manifest": str(path)}
+    elif rubric is not None:  # the server process (in_process) applies the rubric of a served env
+        entry_point = RUBRIC_ENTRY_POINT
+        kwargs = {"relax_env": m.resolved_entry_point(), "relax_rubric": rubric.model_dump(),
+                  "relax_rubric_source": str(path), **m.constructor_kwargs()}
+    else:
+        entry_point, kwargs = m.resolved_entry_point(), m.constructor_kwargs()
     try:
         spec_ = register(
-            m.id, SERVED_ENTRY_POINT if served else m.resolved_entry_point(),
-            {"relax_manifest": str(path)} if served else m.constructor_kwargs(), description=m.description,
+            m.id, entry_point, kwargs, description=m.description,
             modalities=m.modalities, source=str(path), manifest=m, override=override,
         )
     except ValueError as exc:
         raise ManifestError(path, str(exc), field="id") from None
+    if rubric is not None and not served:  # what `envs show` tells: the env's own entry point and kwargs
+        spec_ = dataclasses.replace(spec_, entry_point=m.resolved_entry_point(), kwargs=m.constructor_kwargs())
+        with _lock:
+            _specs[spec_.id] = spec_
     if served:  # what `envs show` tells: the env's own entry point and kwargs, and where it runs
         where = m.server.url or f"started with {m.server.interpreter(path.parent)}"
         entry = m.entry_point or (m.resolved_entry_point() if m.dataset else "(the server's)")

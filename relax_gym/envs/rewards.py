@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import string
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from relax_gym.envs.rubric import Rubric
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _FORMAT = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
@@ -61,7 +66,8 @@ def math_answer(text: str, gold: str) -> float:
 
 
 class MultipleChoiceReward(BaseModel):
-    """reward = accuracy * w_accuracy + format * w_format, normalised by the weights' sum so the max is 1."""
+    """reward = accuracy * w_accuracy + format * w_format, normalised by the weights' sum so the max is 1: the
+    rubric :attr:`rubric` (parts ``accuracy`` and ``format``) with these weights."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     accuracy: float = Field(default=0.9, ge=0.0)
@@ -73,7 +79,21 @@ class MultipleChoiceReward(BaseModel):
             raise ValueError("at least one reward weight must be positive")
         return self
 
+    @property
+    def rubric(self) -> Rubric:
+        """The same reward as a rubric: parts ``accuracy`` (rule ``multiple_choice``) and ``format`` (rule
+        ``format``), with these weights; it reads ``gold_letter`` and ``options`` from the reward context."""
+        return _mcq_rubric(self.accuracy, self.format)
+
     def __call__(self, text: str, gold_letter: str, options: list[str] | tuple[str, ...]) -> tuple[float, dict[str, float]]:
-        parts = {"accuracy": multiple_choice(text, gold_letter, options), "format": think_answer_format(text)}
-        total = (self.accuracy * parts["accuracy"] + self.format * parts["format"]) / (self.accuracy + self.format)
-        return total, parts
+        score = self.rubric.score(text, {"gold_letter": gold_letter, "options": list(options)})
+        return score.total, score.breakdown
+
+
+@functools.lru_cache(maxsize=64)
+def _mcq_rubric(accuracy: float, fmt: float) -> Rubric:
+    # imported here: rubric.py builds its rules from this module's functions
+    from relax_gym.envs.rubric import Rubric
+
+    return Rubric(parts=[{"name": "accuracy", "rule": "multiple_choice", "weight": accuracy},
+                         {"name": "format", "rule": "format", "weight": fmt}])

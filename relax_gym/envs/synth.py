@@ -135,17 +135,22 @@ def sample_root() -> Path:
 
 
 #: Names accepted by ``ensure_sample``.
-SAMPLE_NAMES: tuple[str, ...] = ("nextqa", "avqa", "nextqa-agent", "avqa-agent", "video-captions", "audio-image-captions")
+SAMPLE_NAMES: tuple[str, ...] = ("nextqa", "avqa", "nextqa-agent", "avqa-agent", "video-captions", "audio-image-captions",
+                                 "describe")
 
 
 def _writers() -> dict[str, Callable[[Path], None]]:
     # looked up at call time so the writers can be swapped (e.g. by tests)
-    from relax_gym.envs import synth_captions  # the caption corpora (a base model's pretraining data)
+    from relax_gym.envs import (
+        describe_facts,  # the nextqa-describe env's clips with their facts
+        synth_captions,  # the caption corpora (a base model's pretraining data)
+    )
 
     return {"nextqa": write_nextqa_sample, "avqa": write_avqa_sample,
             "nextqa-agent": write_nextqa_agent_sample, "avqa-agent": write_avqa_agent_sample,
             "video-captions": synth_captions.write_video_captions,
-            "audio-image-captions": synth_captions.write_audio_image_captions}
+            "audio-image-captions": synth_captions.write_audio_image_captions,
+            "describe": describe_facts.write_describe_sample}
 
 
 def sample_version(name: str) -> int:
@@ -154,6 +159,10 @@ def sample_version(name: str) -> int:
         from relax_gym.envs.synth_captions import CAPTION_SAMPLES
 
         return CAPTION_SAMPLES[name]
+    if name == "describe":
+        from relax_gym.envs.describe_facts import DESCRIBE_SAMPLE_VERSION
+
+        return DESCRIBE_SAMPLE_VERSION
     return AGENT_SAMPLE_VERSION if name.endswith("-agent") else SAMPLE_VERSION
 
 

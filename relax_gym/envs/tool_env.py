@@ -3,8 +3,10 @@
 Each turn the agent writes either tool calls (``<tool_call>{...}</tool_call>``, at most ``max_calls_per_turn``)
 or a final ``<answer>…</answer>``. Tool results come back as ``tool`` messages with ``<tool_response>`` bodies
 (text and media parts); a turn with neither gets a short reminder. A malformed call is answered with an error
-message and the episode continues. The final answer is scored by the subclass (accuracy) plus the format reward;
-running out of turns ends the episode truncated with reward 0.
+message and the episode continues. The final answer is scored by the subclass (accuracy) plus the format reward,
+combined like the rubric parts ``accuracy`` and ``format`` (:func:`~relax_gym.envs.rubric.combine`); the answer's
+step reports the task's ``reward_context`` (for a rubric that replaces this reward). Running out of turns ends the
+episode truncated with reward 0.
 
 Tools may return media parts (see :mod:`relax_gym.envs.tools`); ``media_role`` says whether they ride inside the
 ``tool`` message (default) or in a ``user`` message after it. ``call_cost`` charges each tool call beyond the first
@@ -28,6 +30,7 @@ from typing import Any
 from relax_gym.envs.core import AgentEnv, Opening, Outcome
 from relax_gym.envs.latency import ToolLatency
 from relax_gym.envs.rewards import extract_answer, think_answer_format
+from relax_gym.envs.rubric import combine
 from relax_gym.envs.tools import (MediaRole, Tool, ToolBox, ToolCall, ToolOutput, parse_tool_calls, tool_messages,
                                   tools_system_prompt)
 from relax_gym.omni import Message, TextPart
@@ -45,6 +48,7 @@ class Task:
     gold_calls: list[str]
     gold_answer: str
     info: dict[str, Any] = field(default_factory=dict)
+    reward_context: dict[str, Any] | None = None  # what a rubric scores the answer against (JSON-able): gold, options, ...
 
 
 class ToolEnv(AgentEnv):
@@ -110,14 +114,15 @@ class ToolEnv(AgentEnv):
             accuracy = self._accuracy(answer)
             fmt = think_answer_format(action)
             w_acc, w_fmt = self.weights
-            reward = (w_acc * accuracy + w_fmt * fmt) / (w_acc + w_fmt)
             breakdown = {"accuracy": accuracy, "format": fmt}
+            reward = combine({"accuracy": w_acc, "format": w_fmt}, breakdown)
             if self.call_cost > 0:
                 charged = min(reward, self.call_cost * max(0, self.tool_calls - self.free_calls))
                 reward -= charged
                 breakdown["call_cost"] = charged
             self._end_episode()
-            return Outcome([], reward, True, breakdown, info=self._counts())
+            context = dict(self.task.reward_context) if self.task.reward_context is not None else None
+            return Outcome([], reward, True, breakdown, info=self._counts(), reward_context=context)
         if not calls:
             return Outcome([Message(role="user", content=(TextPart(REMINDER),))], 0.0, False, {}, gold=self._next_gold(), info=self._counts())
         messages = []

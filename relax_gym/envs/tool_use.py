@@ -2,7 +2,8 @@
 
 Tasks are generated from the seed with known answers (digit sums of large powers, prime counts, Fibonacci
 residues, sums of squares of multiples), sized so that mental arithmetic fails and code succeeds. The final
-``<answer>`` is checked with math-verify; reward = 0.9 accuracy + 0.1 format.
+``<answer>`` is checked with math-verify; reward = 0.9 accuracy + 0.1 format. The answer's reward context: ``gold``
+(the number, as text) and ``question``.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class ToolUseEnv(ToolEnv):
             gold_calls=[f"<think>I will compute it.</think><tool_call>{call}</tool_call>"],
             gold_answer=f"<think>The program printed {answer}.</think><answer>{answer}</answer>",
             info={"question": question},
+            reward_context={"gold": str(answer), "question": question},
         )
 
     def _accuracy(self, answer: str) -> float:

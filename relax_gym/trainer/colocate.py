@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 import relax_gym
+from relax_gym.trainer.actors.critic import Critic
 from relax_gym.trainer.actors.factory import build_actor
 from relax_gym.trainer.actors.hf import HFActor
 from relax_gym.trainer.algorithms import (
@@ -36,14 +37,18 @@ from relax_gym.trainer.faults.hooks import LocalFaults
 from relax_gym.trainer.faults.schedule import FaultSchedule
 from relax_gym.trainer.policy import build_policy
 from relax_gym.trainer.policy.moe import routing_dims
+from relax_gym.trainer.rewards.judge import judge_trajectory
+from relax_gym.trainer.rewards.judge_host import LocalJudge, resolve_judge
 from relax_gym.trainer.rollout.episode import Trajectory, run_episode
 from relax_gym.trainer.rollout.program_episode import ProgramEpisodes, is_agent_program
 from relax_gym.trainer.rollout.samples import summary_dict
 from relax_gym.trainer.run.base_model import resolve_base
 from relax_gym.trainer.run.checkpoint import (
+    CRITIC_DIR,
     TrainerState,
     eval_history,
     load_checkpoint,
+    part_stage,
     reference_model,
     restore_rng,
     resume_point,
@@ -57,6 +62,7 @@ from relax_gym.trainer.run.lr_schedule import (
     progress,
 )
 from relax_gym.trainer.run.metrics import MetricsWriter
+from relax_gym.trainer.run.ppo import colocate_ppo_step, start_critic
 from relax_gym.trainer.run.schedule import Schedule
 from relax_gym.trainer.run.seeds import eval_seeds, seed_everything, train_seeds
 from relax_gym.trainer.run.step_row import (
@@ -95,10 +101,13 @@ class ColocateTrainer:
         self.pusher = make_pusher(cfg.inference, names=checkpoint_names(self.actor.hf_template),
                                   engine=getattr(self.engine_host, "engine", None), urls=[self.engine_host.url])
         self.client: CoalescingClient | None = None  # rollouts, made inside the running event loop
+        # judge: (an env's judge rubric parts) the judge model's engine in this process, frozen
+        self.judge = LocalJudge(resolve_judge(cfg.judge), log_dir=self.run_dir) if cfg.judge is not None else None
         # agent-program envs: their programs call an OpenAI gateway over self.client (made inside the loop too)
         self.programs = ProgramEpisodes(self.processor, max_positions=getattr(getattr(self.engine_host, "engine", None),
                                                                                "max_positions", None))
         self.ref_actor: HFActor | None = None  # frozen copy of the warmed-up policy, for the KL term
+        self.critic: Critic | None = None  # algorithm.name=ppo: the value model (built when RL starts)
         self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard,
                                      purge_step=self.resume.step + 1 if self.resume else None)
         self.version = 0
@@ -128,10 +137,12 @@ class ColocateTrainer:
             try:
                 if is_agent_program(env):
                     return await self.programs.run(env, self.client, seed=seed, group_id=group, sampling_params=sampling)
-                return await run_episode(env, self.client, self.processor, seed=seed, group_id=group,
+                traj = await run_episode(env, self.client, self.processor, seed=seed, group_id=group,
                                          sampling_params=sampling, max_turns=self.cfg.trainer.max_turns, routing=routing)
             finally:
                 envs.put_nowait(env)
+            # judged as soon as it ends, while the step's other episodes still generate
+            return await judge_trajectory(traj, self.judge.judge() if self.judge is not None else None)
 
         return await asyncio.gather(*(one(s, g) for s, g in seeds))
 
@@ -180,7 +191,11 @@ class ColocateTrainer:
         ref = None
         if self.ref_actor is not None:
             ref = self.ref_actor.logprobs(items, cfg.algorithm.temperature)
-        metrics.update(self.actor.rl_step(items, adv[keep], cfg.algorithm, ref_logprobs=ref, epochs=cfg.actor.epochs_per_step))
+        if self.critic is not None:  # ppo: per-token GAE advantages from the critic's values, then the critic's step
+            metrics.update(colocate_ppo_step(self.actor, self.critic, items, cfg.algorithm, ref_logprobs=ref,
+                                             epochs=cfg.actor.epochs_per_step))
+        else:
+            metrics.update(self.actor.rl_step(items, adv[keep], cfg.algorithm, ref_logprobs=ref, epochs=cfg.actor.epochs_per_step))
         return metrics
 
     # -- the loop -----------------------------------------------------------------------------------------
@@ -197,6 +212,8 @@ class ColocateTrainer:
         finally:
             self.programs.close()
             await raw.aclose()
+            if self.judge is not None:
+                await self.judge.aclose()
 
     async def _loop(self) -> dict[str, float]:
         cfg, t = self.cfg, self.cfg.trainer
@@ -209,6 +226,8 @@ class ColocateTrainer:
         if cfg.algorithm.kl_coef > 0:
             ref_model = reference_model(self.run_dir, self.actor, self.processor, cfg.model, resumed=resumed is not None)
             self.ref_actor = HFActor(ref_model, self.processor, lr=1.0, micro_batch_size=cfg.actor.micro_batch_size)
+        if cfg.algorithm.name == "ppo":  # from the warmed-up policy, or the checkpoint's critic
+            self.critic = start_critic(cfg, self.actor, self.processor, self.resume.path if resumed is not None else None)
         train_envs = self._envs(min(t.concurrency, t.prompts_per_step * t.group_size), cfg.env.kwargs)
         eval_envs = self._envs(min(t.concurrency, t.eval_episodes), {**cfg.env.kwargs, **cfg.env.eval_kwargs})
         if resumed is None:
@@ -263,10 +282,11 @@ class ColocateTrainer:
 
     def checkpoint(self, step: int) -> Path:
         """``checkpoints/step_NNNNNN/``: the actor's model and optimizer (hf: save_pretrained; megatron:
-        dist_checkpointing) and the trainer state (:mod:`~relax_gym.trainer.run.checkpoint`)."""
+        dist_checkpointing), the critic's folder under ppo, and the trainer state (:mod:`~relax_gym.trainer.run.checkpoint`)."""
         state = trainer_state(self.cfg.trainer, step=step, version=self.version, rng=self.rng,
                               elapsed_s=self.schedule.elapsed(), extra={"lr_gate": self.lr_gate.state()})
-        return save_checkpoint(self.run_dir, self.actor, state)
+        parts = {CRITIC_DIR: self.critic.save(part_stage(self.run_dir, step, CRITIC_DIR))} if self.critic is not None else {}
+        return save_checkpoint(self.run_dir, self.actor, state, parts=parts)
 
     def close(self) -> None:
         try:
@@ -278,4 +298,8 @@ class ColocateTrainer:
                 try:
                     self.pusher.close()
                 finally:
-                    self.engine_host.close()  # a launched SGLang server must go even if the others fail
+                    try:
+                        self.engine_host.close()  # a launched SGLang server must go even if the others fail
+                    finally:
+                        if self.judge is not None:
+                            self.judge.close()

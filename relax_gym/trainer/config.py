@@ -3,9 +3,10 @@
     relax-gym train recipes/cpu-nextqa.yaml trainer.steps=50 algorithm.name=dapo
 
 Sections: ``model`` (the policy), ``env`` (which env, its kwargs for training and for evaluation), ``algorithm``
-(GRPO / DAPO / GSPO / SFT and their knobs), ``inference`` (engine and sampling), ``actor`` (optimiser), ``trainer``
-(loop shape: steps, group sizes, evaluation, checkpoints, ``mode: colocate|async`` and ``max_staleness``), ``roles``
-(the async engine's deployments: replicas and CPU share per role, which data bus, recovery budgets), ``faults``
+(GRPO / DAPO / GSPO / PPO / SFT and their knobs), ``critic`` (PPO's value model: its optimiser), ``inference``
+(engine and sampling), ``actor`` (optimiser), ``trainer`` (loop shape: steps, group sizes, evaluation, checkpoints,
+``mode: colocate|async`` and ``max_staleness``), ``roles`` (the async engine's deployments: replicas and CPU share
+per role, which data bus, recovery budgets), ``faults``
 (what to break and when, :mod:`~relax_gym.trainer.faults.schedule`), ``metrics``. Every model forbids
 unknown keys, so a typo is an error naming the key. Values that name parts not built are refused by the schema
 rather than silently ignored. ``actor.backend: megatron`` trains the policy's language decoder as a megatron-core
@@ -79,6 +80,24 @@ class InferenceSection(_Section):
     host: str = "127.0.0.1"  # the engine's HTTP server binds loopback unless told otherwise
 
 
+class JudgeSection(_Section):
+    """``judge:`` the LLM judge that scores an env's judge rubric parts (relax_gym/trainer/rewards/judge.py): in
+    colocate mode an engine in the trainer's process, in async mode the ``genrm`` role (``roles.genrm``)."""
+
+    # a named judge (relax_gym/trainer/rewards/judge_model.py: built into the cache on first use) or a checkpoint dir
+    model: str
+    engine: Literal["embedded", "sglang"] = "embedded"
+    sglang: SGLangSection = Field(default_factory=SGLangSection)  # engine: sglang (model_path: the judge checkpoint)
+    max_new_tokens: int = Field(default=8, ge=1)  # a verdict is a label or a score: a few tokens
+    timeout_s: float = Field(default=60.0, gt=0)  # per judge call; a call past it fails the verdict (judge_error)
+    max_batch: int = Field(default=64, ge=1)  # judge requests per engine batch
+
+    def inference(self) -> InferenceSection:
+        """The judge engine's settings (it always answers greedily: its requests ask for temperature 0)."""
+        return InferenceSection(engine=self.engine, sglang=self.sglang, max_new_tokens=self.max_new_tokens,
+                                max_batch=self.max_batch)
+
+
 class ParallelSection(_Section):
     """How the megatron actor is sharded: one process per rank, world size ``tp * pp * dp`` (``cp`` must stay 1)."""
 
@@ -134,6 +153,19 @@ class ActorSection(_Section):
         return self
 
 
+class CriticSection(_Section):
+    """``algorithm.name: ppo``: the value model's optimiser and batching (relax_gym/trainer/actors/critic.py). Its
+    architecture and starting weights are the warmed-up policy's; it trains in plain torch (hf) whatever
+    ``actor.backend`` is, at a constant learning rate."""
+
+    lr: float = Field(default=1e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(default=0.0, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+    micro_batch_size: int = Field(default=32, ge=1)
+    epochs: int = Field(default=1, ge=1)  # optimiser steps per RL step, each over the step's whole batch
+
+
 class TrainerSection(_Section):
     mode: Literal["colocate", "async"] = "colocate"  # colocate: one process, synchronous; async: Ray Serve roles
     max_staleness: int = Field(default=0, ge=0)  # S: a rollout for step k starts only while k - v_trained <= S
@@ -178,8 +210,10 @@ class RolesSection(_Section):
     env_worker: RoleSection = Field(default_factory=RoleSection)
     inference: RoleSection = Field(default_factory=lambda: RoleSection(num_cpus=1.0, torch_threads=1))
     reference: RoleSection = Field(default_factory=lambda: RoleSection(torch_threads=1))  # deployed when kl_coef > 0
+    critic: RoleSection = Field(default_factory=lambda: RoleSection(torch_threads=1))  # deployed when algorithm.name=ppo
     advantages: RoleSection = Field(default_factory=RoleSection)
     actor: RoleSection = Field(default_factory=lambda: RoleSection(num_cpus=1.0, torch_threads=1))
+    genrm: RoleSection = Field(default_factory=lambda: RoleSection(torch_threads=1))  # deployed when judge: is set
     # recovery (docs/architecture.md, "Recovery"): Serve health-checks every replica this often and replaces a failed
     # one in place (level 1); a role replaced more than restart_budget times, or a dead actor, makes the controller
     # restart the whole topology from the last checkpoint (level 2), at most max_global_restarts times per run
@@ -208,13 +242,15 @@ class RelaxConfig(_Section):
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     roles: RolesSection = Field(default_factory=RolesSection)
     faults: FaultsSection = Field(default_factory=FaultsSection)
+    critic: CriticSection = Field(default_factory=CriticSection)  # algorithm.name=ppo: the value model
     metrics: MetricsSection = Field(default_factory=MetricsSection)
+    judge: JudgeSection | None = None  # an LLM judge for envs whose rubrics have judge parts
 
     @model_validator(mode="after")
     def _consistent(self) -> RelaxConfig:
         if self.model.base is not None and self.model.base not in BASES:
             raise ValueError(f"model.base={self.model.base!r} is no known base; known: {', '.join(sorted(BASES))}")
-        if self.algorithm.name != "sft" and self.trainer.group_size < 2:
+        if self.algorithm.name not in ("sft", "ppo") and self.trainer.group_size < 2:  # ppo: the critic is the baseline
             raise ValueError("trainer.group_size must be >= 2 for group-normalised algorithms")
         if self.algorithm.temperature != self.inference.temperature:
             raise ValueError(
@@ -240,13 +276,22 @@ class RelaxConfig(_Section):
             raise ValueError(f"inference.sglang.port={self.inference.sglang.port} with roles.inference.replicas="
                              f"{self.roles.inference.replicas}: each replica launches its own server; use port 0 (a free one)")
         no_reference = self.trainer.mode == "async" and self.algorithm.kl_coef == 0
+        if self.trainer.mode == "async" and self.algorithm.name != "ppo" and any(
+                f.kind == "kill" and f.role == "critic" for f in self.faults.inject):
+            raise ValueError("faults.inject kills the critic role, which an async run deploys only when algorithm.name=ppo")
+        if self.roles.critic.replicas != 1:
+            raise ValueError(f"roles.critic.replicas must be 1: the critic trains in one process (got {self.roles.critic.replicas})")
         for i, fault in enumerate(self.faults.inject):
             if fault.kind == "kill" and fault.role == "reference" and no_reference:
                 raise ValueError(f"faults.inject[{i}] kills the reference role, which an async run deploys only "
                                  "when algorithm.kl_coef > 0")
+            if fault.kind == "kill" and fault.role == "genrm" and self.judge is None:
+                raise ValueError(f"faults.inject[{i}] kills the genrm role, which a run deploys only with a judge: section")
             if fault.kind == "engine_error" and self.inference.engine != "embedded":
                 raise ValueError(f"faults.inject[{i}] (engine_error) arms the embedded engine; inference.engine is "
                                  f"{self.inference.engine!r}")
+        if self.judge is not None and self.judge.engine == "sglang" and self.judge.sglang.model_path is None:
+            raise ValueError("judge.engine=sglang needs the judge checkpoint to serve: set judge.sglang.model_path")
         if self.trainer.mode == "async" and self.algorithm.name == "sft":
             raise ValueError("trainer.mode=async runs RL algorithms; algorithm.name=sft has no rollouts to pipeline")
         return self

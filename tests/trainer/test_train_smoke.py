@@ -14,7 +14,9 @@ from relax_gym.cli import app
 # gpu-* recipes launch SGLang and need a checkpoint and GPUs: tests/trainer/test_gpu_recipe.py loads them instead.
 # cpu-openai-agent runs its agent program in sandboxes for every episode: tests/integration/test_openai_agent_training.py
 # trains it for 3 steps in each mode and on both sandbox backends, with more checks than this smoke run.
-ELSEWHERE = {"cpu-openai-agent.yaml"}
+# cpu-nextqa-describe needs its judge model (built in minutes): tests/integration/test_judge_training.py trains it for 3
+# steps in each mode with a small judge built in the test.
+ELSEWHERE = {"cpu-openai-agent.yaml", "cpu-nextqa-describe.yaml"}
 RECIPES = sorted(p for p in (Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml")
                  if not p.name.startswith("gpu-") and p.name not in ELSEWHERE)
 SMALL = ["model.base=null", "trainer.steps=3", "trainer.sft_warmup_steps=2", "trainer.sft_batch_size=4", "trainer.prompts_per_step=2",

@@ -6,18 +6,24 @@
 Both backends offer the same surface: ``set_lr``, ``forward_logprobs`` / ``logprobs``, ``rl_step``, ``sft_step``,
 the streaming steps, ``state_dict`` / ``load_weights`` (HF names), ``hf_template`` / ``hf_model``,
 ``save_checkpoint``, ``close``. megatron-core is imported only when the megatron backend is asked for.
+
+    critic = build_critic(cfg, actor.hf_model(), processor)   # algorithm.name=ppo: the value model (critic.py)
+
+The critic is an HF model trained in plain torch whatever ``actor.backend`` is: it starts from the policy's HF
+weights (``hf_model`` of either backend) and nothing else reads its weights.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from relax_gym.trainer.actors.critic import Critic
 from relax_gym.trainer.actors.hf import HFActor
 
 if TYPE_CHECKING:  # the config tree sits above the actors (docs/architecture.md): a type hint only
     from relax_gym.trainer.config import RelaxConfig
 
-__all__ = ["build_actor"]
+__all__ = ["build_actor", "build_critic"]
 
 
 def build_actor(cfg: "RelaxConfig", model: Any, processor: Any, *, group_name: str | None = None) -> HFActor:
@@ -44,3 +50,11 @@ def build_actor(cfg: "RelaxConfig", model: Any, processor: Any, *, group_name: s
     from relax_gym.trainer.actors.megatron.actor import MegatronActor
 
     return MegatronActor(model, processor, parallel=sizes, seed=cfg.trainer.seed, **kwargs)
+
+
+def build_critic(cfg: RelaxConfig, backbone: Any, processor: Any) -> Critic:
+    """The value model of ``algorithm.name=ppo`` on ``backbone`` (a copy of the policy it then owns), with the
+    ``critic:`` section's optimiser."""
+    c = cfg.critic
+    return Critic(backbone, processor, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
+                  micro_batch_size=c.micro_batch_size, epochs=c.epochs)

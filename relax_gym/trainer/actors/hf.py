@@ -11,6 +11,11 @@ forward then measures the routing mismatch (the router's own top-k vs the record
 ``routing_replay`` (R3) the forward runs under :func:`~relax_gym.trainer.policy.routers.replay_routing` and uses the
 recorded experts, their weights recomputed from this forward's router logits. The step metrics report
 ``routing_mismatch`` (+ ``_l{i}`` per layer) and ``routing_mismatch_used`` (0 under replay).
+
+Advantages come per item (a ``[B]`` tensor: GRPO and friends, one number for every token of an episode) or per
+token (a list of 1-D tensors, one per item, aligned with the log-probs: entry ``t`` belongs to token ``t + 1``;
+PPO's GAE advantages, :mod:`~relax_gym.trainer.algorithms.gae`). The loss is the same clipped surrogate either
+way (``policy_loss`` takes ``[B]`` or ``[B, T]``); the per-item path is unchanged by the per-token one.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import contextlib
 import copy
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -27,6 +32,9 @@ from relax_gym.trainer.algorithms import AlgorithmConfig, policy_loss, sft_loss,
 from relax_gym.trainer.policy.model import save_policy
 from relax_gym.trainer.policy.routers import moe_routers, replay_routing, routing_shape
 from relax_gym.trainer.policy.routing import RoutingCounts, batch_routing
+
+#: One advantage per item (``[B]``), or one row of per-token advantages per item (aligned with its log-probs).
+Advantages: TypeAlias = "torch.Tensor | Sequence[torch.Tensor]"
 
 
 class HFActor:
@@ -78,11 +86,7 @@ class HFActor:
 
     def _collate(self, items: Sequence[Any]) -> dict[str, Any]:
         """A right-padded micro-batch on the model's device (a GPU model: the forward runs there, the loss on the CPU)."""
-        batch = self.processor.collate(list(items), padding_side="right")
-        device = next(self.model.parameters()).device
-        if device.type != "cpu":
-            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        return batch
+        return collate_on(self.model, self.processor, items)
 
     @contextlib.contextmanager
     def _routing(self, items: Sequence[Any], batch: dict[str, torch.Tensor]):
@@ -115,24 +119,25 @@ class HFActor:
 
     # -- steps --------------------------------------------------------------------------------------------
 
-    def rl_step(self, items: Sequence[Any], advantages: torch.Tensor, algo: AlgorithmConfig,
+    def rl_step(self, items: Sequence[Any], advantages: Advantages, algo: AlgorithmConfig,
                 ref_logprobs: list[torch.Tensor] | None = None, epochs: int = 1) -> dict[str, float]:
         """One RL update on ``items`` (objects with input_ids, loss_mask, mm, rollout_logprobs), ``epochs`` passes:
         the streamed step (:meth:`begin_stream`, :meth:`stream_micro_batch` per micro-batch, :meth:`end_stream`) on
         a batch known in full, so each micro-batch is weighted by its share of the whole batch up front — the one
-        loss path of both trainer modes."""
+        loss path of both trainer modes. ``advantages``: one per item, or one per-token row per item (see the
+        module docstring)."""
         items = list(items)
         old = self.logprobs(items, algo.temperature) if epochs > 1 else None
         total = sum(self._raw_weights(items, algo.aggregation)) or 1.0
         # A zero-advantage sample adds nothing to the policy-gradient loss (and, without a KL term, to the
         # gradient): its share still counts in the normaliser, so leaving it out of the forward pass gives the same
         # step for less compute (all-equal groups, and losers under negative_advantage_scale=0).
-        live = [i for i in range(len(items)) if algo.kl_coef > 0 or float(advantages[i]) != 0.0]
+        live = [i for i in range(len(items)) if algo.kl_coef > 0 or _has_signal(advantages, i)]
         metrics: dict[str, float] = {}
         for _ in range(epochs):
             self.begin_stream(total_weight=total)
             for idx in _chunks(live, self.micro_batch_size):
-                self.stream_micro_batch([items[i] for i in idx], advantages[idx], algo,
+                self.stream_micro_batch([items[i] for i in idx], _take(advantages, idx), algo,
                                         ref_logprobs=[ref_logprobs[i] for i in idx] if ref_logprobs is not None else None,
                                         old_logprobs=[old[i] for i in idx] if old is not None else None)
             metrics = self.end_stream()
@@ -208,7 +213,7 @@ class HFActor:
         self._stream_totals: dict[str, float] = {}
         self.routing_counts = RoutingCounts()
 
-    def stream_micro_batch(self, items: Sequence[Any], advantages: torch.Tensor, algo: AlgorithmConfig, *,
+    def stream_micro_batch(self, items: Sequence[Any], advantages: Advantages, algo: AlgorithmConfig, *,
                            ref_logprobs: list[torch.Tensor] | None = None,
                            old_logprobs: list[torch.Tensor | None] | None = None,
                            tis_cap: float | None = None) -> list[torch.Tensor | None]:
@@ -220,11 +225,14 @@ class HFActor:
         summed gradients by the total: the same step as :meth:`rl_step` on the whole batch. As there, a
         zero-advantage sample is not forwarded unless a KL term needs it, but its share stays in the total.
         ``tis_cap`` overrides ``algo.tis_cap`` (the async engine's cap for stale samples); with a cap the rollout
-        log-probs weight the policy gradient (truncated importance sampling)."""
+        log-probs weight the policy gradient (truncated importance sampling). ``advantages``: one per item, or one
+        per-token row per item (see the module docstring)."""
         items = list(items)
+        if len(advantages) != len(items):
+            raise ValueError(f"{len(advantages)} advantages (or advantage rows) for {len(items)} items")
         raw = self._raw_weights(items, algo.aggregation)
         self._stream_weight += sum(raw)
-        live = [i for i in range(len(items)) if algo.kl_coef > 0 or float(advantages[i]) != 0.0]
+        live = [i for i in range(len(items)) if algo.kl_coef > 0 or _has_signal(advantages, i)]
         out_rows: list[torch.Tensor | None] = [None] * len(items)
         total = self._stream_total
         shares = [r if total is None else r / total for r in raw]
@@ -248,7 +256,7 @@ class HFActor:
             old = lps.detach() if old_logprobs is None else _stack([old_logprobs[i] for i in mine], shape)
             rollout = _stack([torch.tensor(it.rollout_logprobs[1:], dtype=lps.dtype) for it in chunk], shape)
             ref = _stack([ref_logprobs[i] for i in mine], shape) if ref_logprobs is not None else None
-            out = policy_loss(lps, old, advantages[mine], mask, ref_logprobs=ref,
+            out = policy_loss(lps, old, _advantage_matrix(advantages, mine, shape), mask, ref_logprobs=ref,
                               rollout_logprobs=rollout if kwargs.get("tis_cap") else None, **kwargs)
             for k, v in out.metrics.items():
                 totals[k] = totals.get(k, 0.0) + v * my_weight
@@ -327,6 +335,41 @@ def masked_logprobs(logits: torch.Tensor, targets: torch.Tensor, where: torch.Te
         logits = logits.index_fill(-1, blocked.to(logits.device), float("-inf"))
     picked = token_logprobs(logits, targets[where], temperature=temperature)
     return torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device).masked_scatter(where, picked)
+
+
+def collate_on(model: torch.nn.Module, processor: Any, items: Sequence[Any]) -> dict[str, Any]:
+    """``items`` (objects with input_ids, loss_mask, mm) as one right-padded model batch on ``model``'s device: the
+    input of every forward the trainer runs on trajectories (the actor's, the critic's)."""
+    batch = processor.collate(list(items), padding_side="right")
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return batch
+
+
+def _per_token(advantages: Advantages) -> bool:
+    return not (isinstance(advantages, torch.Tensor) and advantages.dim() == 1)
+
+
+def _has_signal(advantages: Advantages, i: int) -> bool:
+    """Item ``i`` has a non-zero advantage (on some token, for per-token rows)."""
+    if _per_token(advantages):
+        return bool(torch.as_tensor(advantages[i]).ne(0).any())
+    return float(advantages[i]) != 0.0
+
+
+def _take(advantages: Advantages, idx: Sequence[int]) -> Advantages:
+    if _per_token(advantages):
+        return [advantages[i] for i in idx]
+    return advantages[list(idx)]
+
+
+def _advantage_matrix(advantages: Advantages, rows: Sequence[int], shape: torch.Size) -> torch.Tensor:
+    """The ``rows`` of ``advantages`` as ``policy_loss`` takes them: ``[B]`` per item, or per-token rows
+    right-padded with zeros to ``shape`` (B, T-1)."""
+    if _per_token(advantages):
+        return _stack([torch.as_tensor(advantages[i], dtype=torch.float32) for i in rows], shape)
+    return advantages[list(rows)]
 
 
 def _chunks(xs: list, n: int) -> list[list]:

@@ -4,7 +4,9 @@
 - :mod:`.kl`: k1 / k2 / k3 per-token KL estimators.
 - :mod:`.losses`: loss aggregation modes, the clipped policy loss (PPO/GRPO, DAPO clip-higher, GSPO sequence
   ratio, truncated importance sampling, KL term), SFT loss, per-token log-probs from logits.
-- :mod:`.config`: ``AlgorithmConfig`` and its presets (grpo, dapo, gspo, sft).
+- :mod:`.gae`: PPO with a critic: token-level GAE over a trajectory's trained tokens, advantage whitening, the
+  clipped value loss, explained variance.
+- :mod:`.config`: ``AlgorithmConfig`` and its presets (grpo, dapo, gspo, ppo, sft).
 """
 
 from relax_gym.trainer.algorithms.advantages import (
@@ -14,6 +16,7 @@ from relax_gym.trainer.algorithms.advantages import (
     zero_advantage_share,
 )
 from relax_gym.trainer.algorithms.config import PRESETS, AlgorithmConfig, AlgorithmName, preset
+from relax_gym.trainer.algorithms.gae import explained_variance, gae, gae_rows, value_loss, whiten
 from relax_gym.trainer.algorithms.kl import KLKind, kl_penalty
 from relax_gym.trainer.algorithms.losses import (
     Aggregation,
@@ -27,6 +30,6 @@ from relax_gym.trainer.algorithms.losses import (
 
 __all__ = [
     "PRESETS", "AdvantageScale", "Aggregation", "AlgorithmConfig", "AlgorithmName", "KLKind", "LossOutput",
-    "RatioLevel", "aggregate", "group_advantages", "identical_reward_groups", "kl_penalty", "policy_loss",
-    "preset", "sft_loss", "token_logprobs", "zero_advantage_share",
+    "RatioLevel", "aggregate", "explained_variance", "gae", "gae_rows", "group_advantages", "identical_reward_groups",
+    "kl_penalty", "policy_loss", "preset", "sft_loss", "token_logprobs", "value_loss", "whiten", "zero_advantage_share",
 ]

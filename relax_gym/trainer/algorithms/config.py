@@ -4,18 +4,26 @@ The ``name`` selects a preset whose values fill every knob the caller did not se
 ``algorithm: {name: dapo}`` (or override ``algorithm.name=dapo``) and get DAPO's defaults, and
 ``preset("dapo", kl_coef=0.01)`` is the same as ``AlgorithmConfig(name="dapo", kl_coef=0.01)``:
 
-=====  ===============  ===========  ====================  =========  =======  ===============
-name   clip low / high  ratio level  aggregation           adv scale  kl_coef  dynamic sampling
-=====  ===============  ===========  ====================  =========  =======  ===============
-grpo   0.2 / 0.2        token        seq_mean_token_mean   std        0        no
-dapo   0.2 / 0.28       token        token_mean            std        0        yes
-gspo   3e-4 / 4e-4      sequence     seq_mean_token_mean   std        0        no
-sft    (unused)         token        token_mean            (unused)   0        no
-=====  ===============  ===========  ====================  =========  =======  ===============
+=====  ===============  ===========  ====================  ==============  =======  ===============
+name   clip low / high  ratio level  aggregation           advantages      kl_coef  dynamic sampling
+=====  ===============  ===========  ====================  ==============  =======  ===============
+grpo   0.2 / 0.2        token        seq_mean_token_mean   group, std      0        no
+dapo   0.2 / 0.28       token        token_mean            group, std      0        yes
+gspo   3e-4 / 4e-4      sequence     seq_mean_token_mean   group, std      0        no
+ppo    0.2 / 0.2        token        token_mean            GAE, whitened   0        no
+sft    (unused)         token        token_mean            (unused)        0        no
+=====  ===============  ===========  ====================  ==============  =======  ===============
 
 GSPO's clip range is the paper's (Zheng et al. 2025, sec. 5.1): a sequence ratio is a length-normalised
 geometric mean, so it stays much closer to 1 than token ratios do. ``tis_cap`` (truncated importance sampling
 against the rollout engine's log-probs) is off (None) in every preset; 2.0 is a common choice when enabled.
+
+``ppo`` trains a critic (a value model, the ``critic:`` section of the run's config) and takes per-token
+advantages from GAE (:mod:`~relax_gym.trainer.algorithms.gae`) with ``gamma`` 1.0 (an episode is one reward at
+its end: no discount), ``lam`` 0.95, the value loss clipped at ``value_clip`` 0.2 around the critic's earlier
+values, and the advantages whitened over the step's tokens (``whiten_advantages``). These four knobs are read only
+by ``ppo``; the group knobs (``advantage_scale``, ``negative_advantage_scale``, ``dynamic_sampling``) do not apply
+to it, and setting the last two to anything but their neutral values with ``ppo`` is an error.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from relax_gym.trainer.algorithms.advantages import AdvantageScale
 from relax_gym.trainer.algorithms.kl import KLKind
 from relax_gym.trainer.algorithms.losses import Aggregation, RatioLevel
 
-AlgorithmName = Literal["grpo", "dapo", "gspo", "sft"]
+AlgorithmName = Literal["grpo", "dapo", "gspo", "ppo", "sft"]
 
 __all__ = ["PRESETS", "AlgorithmConfig", "AlgorithmName", "preset"]
 
@@ -39,6 +47,8 @@ PRESETS: dict[str, dict[str, Any]] = {
              "advantage_scale": "std", "kl_coef": 0.0, "dynamic_sampling": True},
     "gspo": {"clip_low": 3e-4, "clip_high": 4e-4, "ratio_level": "sequence", "aggregation": "seq_mean_token_mean",
              "advantage_scale": "std", "kl_coef": 0.0, "dynamic_sampling": False},
+    "ppo": {"clip_low": 0.2, "clip_high": 0.2, "ratio_level": "token", "aggregation": "token_mean", "kl_coef": 0.0,
+            "dynamic_sampling": False, "gamma": 1.0, "lam": 0.95, "value_clip": 0.2, "whiten_advantages": True},
     "sft": {"ratio_level": "token", "aggregation": "token_mean", "kl_coef": 0.0, "dynamic_sampling": False},
 }
 
@@ -61,6 +71,21 @@ class AlgorithmConfig(BaseModel):
     tis_cap: float | None = Field(default=None, gt=1)  # truncated-IS cap; None = no rollout correction
     temperature: float = Field(default=1.0, gt=0)  # the sampler's; token_logprobs must use the same
     routing_replay: bool = False  # MoE policies: force the rollout's routed experts in the training forward (R3)
+    # ppo only (GAE and the critic's loss; see the module docstring)
+    gamma: float = Field(default=1.0, gt=0, le=1)  # discount per trained token
+    lam: float = Field(default=0.95, ge=0, le=1)  # GAE's bias-variance trade-off: 1 Monte-Carlo, 0 one-step TD
+    value_clip: float | None = Field(default=0.2, gt=0)  # clip of the value loss around the old values; None: off
+    whiten_advantages: bool = True  # normalise the step's token advantages to mean 0, std 1
+
+    @model_validator(mode="after")
+    def _ppo_has_no_groups(self) -> AlgorithmConfig:
+        if self.name == "ppo" and self.dynamic_sampling:
+            raise ValueError("dynamic_sampling drops groups whose rewards are all equal, which carry no signal only for "
+                             "group-relative advantages; algorithm.name=ppo takes its advantages from the critic")
+        if self.name == "ppo" and self.negative_advantage_scale != 1.0:
+            raise ValueError(f"negative_advantage_scale={self.negative_advantage_scale} scales group advantages; "
+                             "algorithm.name=ppo takes its advantages from the critic (leave it at 1.0)")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -5,20 +5,22 @@ and drives the run through deployment handles.
     summary = trainer.run()          # same metrics.jsonl / TensorBoard / checkpoints / eval as ColocateTrainer
     trainer.close()
 
-Topology (``roles:`` in the config): env workers, inference, advantages, actor (one replica), and a reference
-role when ``algorithm.kl_coef > 0``; each is a Serve application of one deployment, HTTP proxy off; roles that
-mostly wait reserve no CPU. Next to them the run starts small Ray actors: the DCS coordinator (the inference
-replicas register their engines there; the actor pushes weights through it) and, for ``roles.bus: inprocess``, the
-bus host (for ``transferqueue``, TransferQueue's own actors).
+Topology (``roles:`` in the config): env workers, inference, advantages, actor (one replica), a reference
+role when ``algorithm.kl_coef > 0``, and a critic (one replica) when ``algorithm.name`` is ppo; each is a Serve
+application of one deployment, HTTP proxy off; roles that mostly wait reserve no CPU. Next to them the run starts
+small Ray actors: the DCS coordinator (the inference replicas register their engines there; the actor pushes weights
+through it) and, for ``roles.bus: inprocess``, the bus host (for ``transferqueue``, TransferQueue's own actors).
 
 The drive, per step k (counted from 0; metrics rows use k + 1 like the colocate trainer):
 
 1. the launcher waits on the :class:`~relax_gym.trainer.async_engine.staleness.StalenessGate` until ``k - v_trained <= S``,
    opens partition k on the bus and sends one ``run_group`` call per prompt group to the env workers (the seeds
    are the colocate trainer's, so both modes see the same prompts), plus one ``process`` call per streaming
-   role (advantages, reference) for that partition;
+   role (advantages, reference, critic) for that partition;
 2. the trainer loop calls ``actor.train_step(k)``, which trains on micro-batches as they become ready and
-   returns once the step's weights are in the engines; then the gate advances, which may start a rollout;
+   returns once the step's weights are in the engines (under PPO ``critic.train(k)`` runs beside it on the same
+   partition, whose ``values`` the critic's streaming call of step 1 wrote for the advantages role's GAE); then the
+   gate advances, which may start a rollout;
 3. the step's metrics are gathered from the answers (rewards and statuses from the env workers, group counts from
    the advantages role, losses, staleness and data wait from the actor), evaluated / checkpointed on the same
    schedule as colocate, and written in step order.
@@ -31,9 +33,10 @@ Recovery (:mod:`~relax_gym.trainer.async_engine.recovery`; docs/architecture.md,
 replaces a failed replica in place; the controller re-sends the calls it lost (a group to the env workers, a
 streaming call to the advantages / reference role after giving the dead call's bus leases of that partition back),
 an inference replica fetches the current weights through the actor before serving, env workers resend engine
-calls. Level 2: when the actor dies, or a role is replaced more than ``roles.restart_budget`` times, the whole
-topology is torn down and started again from the last checkpoint (weights, optimizer, random states, data cursor,
-the sample ledger; metrics.jsonl rewound to it); ``relax-gym train --resume RUN_DIR`` does the same by hand.
+calls. Level 2: when the actor (or PPO's critic: training state too) dies, or a role is replaced more than
+``roles.restart_budget`` times, the whole topology is torn down and started again from the last checkpoint
+(weights, optimizer, random states, data cursor, the sample ledger; metrics.jsonl rewound to it);
+``relax-gym train --resume RUN_DIR`` does the same by hand.
 Faults (``faults:``) are fired when a step's rollout starts.
 """
 
@@ -51,8 +54,10 @@ from typing import Any
 from relax_gym.trainer.async_engine.carry import CarryFeeder, claim_slot
 from relax_gym.trainer.async_engine.deploy import RoleSpec, Topology, ensure_ray, plan_roles, start_serve
 from relax_gym.trainer.async_engine.ledger import SampleLedger
+from relax_gym.trainer.rewards.judge_host import resolve_judge
 from relax_gym.trainer.run.base_model import resolve_base
-from relax_gym.trainer.run.checkpoint import REFERENCE_DIR, CheckpointError, ResumePoint, eval_history, resume_point
+from relax_gym.trainer.run.checkpoint import (CRITIC_DIR, REFERENCE_DIR, CheckpointError, ResumePoint, eval_history,
+                                              resume_point)
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.dcs.push import weight_transport
 from relax_gym.trainer.faults.schedule import FaultSchedule
@@ -73,6 +78,7 @@ __all__ = ["AsyncTrainer", "RoleSpec", "ensure_ray", "plan_roles"]
 
 log = logging.getLogger(__name__)
 
+CRITIC_INIT_DIR = "critic-init"  # ppo without a reference policy: the warmed-up policy the critic starts from
 GROUP_ATTEMPTS = 3  # a group whose env worker fails is re-sent (to any replica) this many times in all
 EVAL_CHUNK = 8  # eval episodes per env-worker call
 
@@ -91,6 +97,8 @@ class AsyncTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume: ResumePoint | None = resume_point(self.run_dir, cfg.trainer) if resume else None  # rewinds metrics
         cfg = resolve_base(cfg, self.run_dir, progress)  # model.base: the checkpoint the run starts from
+        if cfg.judge is not None:  # a named judge is built here once; the genrm replicas load its checkpoint
+            cfg = cfg.model_copy(update={"judge": resolve_judge(cfg.judge)})
         self.cfg = cfg
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.progress = progress or (lambda event, data: None)
@@ -163,6 +171,8 @@ class AsyncTrainer:
                 raise CheckpointError(f"{ref}: the run's reference policy is missing; it cannot resume with kl_coef > 0")
             else:
                 self.reference_path = str(ref)
+        if "critic" in self.handles:  # ppo: the value model starts from the warmed-up policy, or the checkpoint's critic
+            await self._start_critic(resumed is None, first=resumed.step if resumed is not None else 0)
         if resumed is None:
             last_eval = first_eval = await self._evaluate()
             self.metrics.write(0, {**last_eval, "policy_version": self.version})
@@ -189,9 +199,11 @@ class AsyncTrainer:
         try:
             for k in range(first, t.steps):
                 await launched[k].wait()
-                res = await self._actor(lambda: actor.train_step.remote(
+                res, critic_metrics = await _together(self._actor(lambda: actor.train_step.remote(
                     k, self._rows_per_step(), t.group_size, max_staleness=t.max_staleness,
-                    with_reference="reference" in self.handles, lr_decay_from=self.lr_gate.decay_from), f"step {k + 1}")
+                    with_reference="reference" in self.handles, lr_decay_from=self.lr_gate.decay_from), f"step {k + 1}"),
+                    self._critic_step(k))
+                res["metrics"].update(critic_metrics)
                 self.version = int(res["version"])
                 await gate.advance(k + 1)
                 if self.feeder is not None:
@@ -254,6 +266,8 @@ class AsyncTrainer:
             calls = [self._stream("advantages", k, lambda k=k: self.handles["advantages"].process.remote(k, n, t.group_size))]
             if "reference" in self.handles:
                 calls.append(self._stream("reference", k, lambda k=k: self.handles["reference"].process.remote(k, n, self.reference_path)))
+            if "critic" in self.handles:  # ppo: the critic's values, which the advantages role's GAE waits for
+                calls.append(self._stream("critic", k, lambda k=k: self.handles["critic"].values.remote(k, n)))
             streams[k] = [self._spawn(c) for c in calls]
             launched[k].set()
             if self.faults.section.inject:
@@ -442,7 +456,31 @@ class AsyncTrainer:
         extra = {**self.ledger.checkpoint_extra(step, self.feeder.cursor if self.feeder is not None else None),
                  "lr_gate": self.lr_gate.state(), "elapsed_s": self.schedule.elapsed()}
         actor = self.handles["actor"]
-        await self._actor(lambda: actor.checkpoint.remote(step, str(self.run_dir), extra), f"checkpoint {step}")
+        parts = {}
+        if "critic" in self.handles:  # staged by the critic role, moved into the checkpoint by the actor's save
+            critic = self.handles["critic"]
+            parts[CRITIC_DIR] = await self.supervisor.call("critic", lambda: critic.save.remote(step, str(self.run_dir)),
+                                                           f"critic checkpoint {step}")
+        await self._actor(lambda: actor.checkpoint.remote(step, str(self.run_dir), extra, parts), f"checkpoint {step}")
+
+    async def _start_critic(self, fresh: bool, first: int) -> None:
+        """Build the critic role's value model: from the warmed-up policy (``fresh``: saved by the actor, or the
+        reference policy, which is the same weights) or from the checkpoint the run resumes from."""
+        init = None
+        if fresh:
+            init = self.reference_path or await self._actor(
+                lambda: self.handles["actor"].save_reference.remote(str(self.run_dir / CRITIC_INIT_DIR)),
+                "saving the critic's starting policy")
+        critic = self.handles["critic"]
+        await self.supervisor.call("critic", lambda: critic.start.remote(init, first), "starting the critic")
+
+    async def _critic_step(self, k: int) -> dict[str, float]:
+        """PPO: the critic's update on partition k (its metrics for the step's row); nothing without a critic."""
+        if "critic" not in self.handles:
+            return {}
+        critic = self.handles["critic"]
+        return await self.supervisor.call("critic", lambda: critic.train.remote(k, self._rows_per_step()),
+                                          f"step {k + 1} critic")
 
     def _restore_ledger(self) -> None:
         """The sample ledger and the lr gate as the checkpoint being resumed saved them (empty when starting over)."""
@@ -489,6 +527,18 @@ class AsyncTrainer:
             self.topology.close(shutdown_ray=self._started_ray)
         except Exception:  # noqa: BLE001 - never mask the run's own error
             log.warning("async engine teardown failed", exc_info=True)
+
+
+async def _together(*calls: Any) -> list[Any]:
+    """Await ``calls`` concurrently; if one fails, the others are cancelled before the error propagates."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _share(pairs: list[tuple[float, float]]) -> float:

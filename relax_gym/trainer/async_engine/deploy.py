@@ -63,9 +63,16 @@ def plan_roles(cfg: RelaxConfig, bus: Any, coordinator: Any, app_prefix: str, *,
         RoleSpec("actor", "relax_gym.trainer.async_engine.roles.actor:ActorRole", (plain, bus, coordinator),
                  {"torch_threads": roles.actor.torch_threads}, roles.actor),
     ]
+    if cfg.judge is not None:  # the LLM judge (frozen): env workers score pending rubric parts through it
+        specs.append(RoleSpec("genrm", "relax_gym.trainer.async_engine.roles.genrm:GenRMRole", (plain["judge"],),
+                              {"torch_threads": roles.genrm.torch_threads}, roles.genrm))
+        next(s for s in specs if s.name == "env_worker").kwargs["judge_app"] = f"{app_prefix}-genrm"
     if cfg.algorithm.kl_coef > 0:
         specs.append(RoleSpec("reference", "relax_gym.trainer.async_engine.roles.reference:ReferenceRole", (plain, bus),
                               {"torch_threads": roles.reference.torch_threads}, roles.reference))
+    if cfg.algorithm.name == "ppo":  # the value model: one replica holding training state, like the actor
+        specs.append(RoleSpec("critic", "relax_gym.trainer.async_engine.roles.critic:CriticRole", (plain, bus),
+                              {"torch_threads": roles.critic.torch_threads, "resume_from": resume_from}, roles.critic))
     for spec in specs:  # recovery: restart counts, late inference replicas catching up, the actor's checkpoint
         spec.kwargs["registry"] = registry
         if spec.name == "inference":
@@ -97,7 +104,9 @@ def ensure_ray(cfg: RelaxConfig) -> bool:
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, configure_logging=False, namespace="relax-gym")
         return True
     r = cfg.roles
-    reserved = sum(s.num_cpus * s.replicas for s in (r.env_worker, r.inference, r.reference, r.advantages, r.actor))
+    critic = [r.critic] if cfg.algorithm.name == "ppo" else []
+    reserved = sum(s.num_cpus * s.replicas for s in (r.env_worker, r.inference, r.reference, r.advantages, r.actor, r.genrm,
+                                                     *critic))
     p = cfg.actor.parallel
     if cfg.actor.backend == "megatron" and (p.world > 1 or p.launcher == "ray"):
         reserved += p.world * p.num_cpus_per_rank  # the actor's rank group
@@ -144,7 +153,9 @@ class Topology:
         link = self._bus_link()
         r, t = self.cfg.roles, self.cfg.trainer
         replicas = {"env_worker": r.env_worker.replicas, "inference": r.inference.replicas, "advantages": r.advantages.replicas,
-                    "actor": 1, **({"reference": r.reference.replicas} if self.cfg.algorithm.kl_coef > 0 else {})}
+                    "actor": 1, **({"reference": r.reference.replicas} if self.cfg.algorithm.kl_coef > 0 else {}),
+                    **({"genrm": r.genrm.replicas} if self.cfg.judge is not None else {}),
+                    **({"critic": 1} if self.cfg.algorithm.name == "ppo" else {})}
         registry = ray.remote(num_cpus=0)(ReplicaRegistry).options(name=f"{self.prefix}-replicas").remote(replicas)
         self.actors.append(registry)
         self.supervisor = Supervisor(registry, budget=r.restart_budget, wait_s=r.replica_wait_s)

@@ -4,12 +4,12 @@
 - :class:`ReplicaRegistry` (a zero-CPU Ray actor per topology): every role replica announces itself when it starts
   (:func:`~relax_gym.trainer.async_engine.replica.announce_replica`), so the controller knows how often each role was replaced,
   whatever replaced it (a Serve health check, a crash, an injected kill). :meth:`Supervisor.watch` waits on it
-  (an awaited call that returns on change, no polling) and asks for a global restart when the actor was replaced
-  or a role went over ``roles.restart_budget``.
+  (an awaited call that returns on change, no polling) and asks for a global restart when a role with training
+  state (:data:`STATEFUL_ROLES`: the actor, PPO's critic) was replaced or a role went over ``roles.restart_budget``.
 - :meth:`Supervisor.call`: one handle call to a role, retried while the replica that should answer is being
   replaced (Ray reports the dead replica as a ``RayActorError``; the call sent next waits in Serve's router until
-  the new replica is up). A failing actor call is not retried: it raises :class:`GlobalRestart`, as does a
-  role that stays unreachable for ``roles.replica_wait_s``.
+  the new replica is up). A failing call to a stateful role is not retried: it raises :class:`GlobalRestart`, as
+  does a role that stays unreachable for ``roles.replica_wait_s``.
 - :func:`kill_replica`: ends one Serve replica of a deployment with ``ray.kill`` (fault injection);
   :func:`kill_rank`: ends one rank of the actor's megatron rank group.
 - :func:`sample_step`: the step a sample id belongs to (the controller's ledger keeps the ids of steps up to the
@@ -26,8 +26,12 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["GlobalRestart", "RecoveryError", "ReplacedActorError", "ReplicaRegistry", "Supervisor", "is_replica_failure",
-           "kill_rank", "kill_replica", "sample_step"]
+__all__ = ["STATEFUL_ROLES", "GlobalRestart", "RecoveryError", "ReplacedActorError", "ReplicaRegistry", "Supervisor",
+           "is_replica_failure", "kill_rank", "kill_replica", "sample_step"]
+
+#: Roles whose replica holds training state (weights and optimizer moved on since the last checkpoint): a replaced
+#: one cannot pick up where the dead one was, so losing one restarts the run from its last checkpoint (level 2).
+STATEFUL_ROLES = ("actor", "critic")
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +43,9 @@ class GlobalRestart(Exception):
 
 
 class ReplacedActorError(RuntimeError):
-    """Raised by an actor replica that Serve started in place of a dead one: its training state is gone, so it
-    refuses work (a train step or a checkpoint from fresh weights would be wrong) until the controller restarts
-    the topology from the last checkpoint."""
+    """Raised by a replica of a stateful role (the actor, PPO's critic) that Serve started in place of a dead one:
+    its training state is gone, so it refuses work (a train step or a checkpoint from fresh weights would be wrong)
+    until the controller restarts the topology from the last checkpoint."""
 
 
 class RecoveryError(RuntimeError):
@@ -116,8 +120,8 @@ class Supervisor:
                 if not is_replica_failure(exc):
                     raise
                 self.failed_calls[role] += 1
-                if role == "actor":
-                    raise GlobalRestart(f"the actor replica died during {what}: {type(exc).__name__}") from exc
+                if role in STATEFUL_ROLES:
+                    raise GlobalRestart(f"the {role} replica died during {what}: {type(exc).__name__}") from exc
                 if time.monotonic() + delay > deadline:
                     raise GlobalRestart(f"{what}: the {role} role stayed unreachable for {self.wait_s:g} s "
                                         f"(roles.replica_wait_s): {type(exc).__name__}: {exc}") from exc
@@ -126,12 +130,13 @@ class Supervisor:
                 delay = min(2 * delay, 5.0)
 
     async def watch(self) -> None:
-        """Return never; raise :class:`GlobalRestart` once the actor was replaced or a role went over budget."""
+        """Return never; raise :class:`GlobalRestart` once a stateful role was replaced or a role went over budget."""
         seen = 0
         while True:
             seen, restarts = await self.registry.wait_change.remote(seen)
-            if restarts.get("actor", 0) > 0:
-                raise GlobalRestart("the actor replica was replaced (its training state is gone)")
+            for role in STATEFUL_ROLES:
+                if restarts.get(role, 0) > 0:
+                    raise GlobalRestart(f"the {role} replica was replaced (its training state is gone)")
             over = {role: n for role, n in restarts.items() if n > self.budget}
             if over:
                 role, n = next(iter(over.items()))

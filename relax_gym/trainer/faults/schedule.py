@@ -63,7 +63,7 @@ class _Fault(BaseModel):
 
 class KillFault(_Fault):
     kind: Literal["kill"]
-    role: Literal["env_worker", "inference", "reference", "advantages", "actor"]
+    role: Literal["env_worker", "inference", "reference", "advantages", "actor", "genrm", "critic"]
     delay_s: float = Field(default=0.0, ge=0)  # after the step's rollout starts
     rank: int | None = Field(default=None, ge=0)  # role actor with a megatron rank group: kill this rank only
 

@@ -24,7 +24,8 @@ from relax_gym.trainer.policy.routing import decode_routed_experts, empty_routin
 
 log = logging.getLogger(__name__)
 
-MASKED_STATUSES = frozenset({"env_error", "engine_error"})
+# judge_error: the judge could not score a pending rubric part (relax_gym/trainer/rewards/judge.py)
+MASKED_STATUSES = frozenset({"env_error", "engine_error", "judge_error"})
 
 # env.reset / env.step run here, not in asyncio's default pool (min(32, cores + 4) threads: 6 on a 2-core machine),
 # so episodes whose steps wait on a tool (a sandbox, a network call) do not queue behind one another. Threads are
@@ -120,7 +121,9 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
         conversation += list(obs)  # (assistant turns carry no media: media_items only needs env messages)
     traj.input_ids, traj.loss_mask, traj.mm = list(rendered.input_ids), list(rendered.loss_mask), dict(rendered.mm)
     traj.rollout_logprobs = logprobs
-    traj.info = {k: v for k, v in info.items() if k in ("tool_calls", "tool_errors", "sample_id")}
+    # judge_requests / reward_weights: rubric parts the env left for the judge (trainer/rewards/judge.py scores them)
+    traj.info = {k: v for k, v in info.items()
+                 if k in ("tool_calls", "tool_errors", "sample_id", "judge_requests", "reward_weights", "reward_context")}
     return traj
 
 

@@ -5,7 +5,8 @@ One row per episode. The env worker writes the rollout columns (:data:`ROLLOUT_F
 :data:`ROUTING_FIELD`: the episode's routed experts as one int16 ``(tokens, layers, k)`` tensor, moved by the bus as
 a raw tensor buffer, never pickled); later roles add their
 own columns to the same rows (``ref_logprobs`` by the reference role, ``advantages`` and ``keep`` by the
-advantages role). A sample id names the step, the group and the member: ``"s000003-g0002-01"``.
+advantages role; under PPO ``values`` by the critic role, and ``advantages`` is then one float per next-token
+position, written with ``returns``). A sample id names the step, the group and the member: ``"s000003-g0002-01"``.
 """
 
 from __future__ import annotations
@@ -89,6 +90,10 @@ class EpisodeSummary:
     policy_versions: list[int] = field(default_factory=list)
     agent_segments: int = 0  # agent-program episodes: token-continuous segments of the recorded calls (0: not one)
     agent_untrained_tokens: int = 0  # their completion tokens outside the trained (final) segment
+    judge_calls: int = 0  # judge verdicts asked for this episode's pending rubric parts (trainer/rewards/judge.py)
+    judge_failures: int = 0  # of which failed (timeout, engine error, malformed answer): the episode is a judge_error
+    judge_agrees: int = -1  # 1/0: the judge's verdict matched the env's own rule verdict (-1: the env has none)
+    judge_failure: str = ""  # why the judge failed this episode: timeout, engine_error or malformed ("" : it did not)
 
     @property
     def failed(self) -> bool:
@@ -104,6 +109,9 @@ def summary_of(traj: Trajectory, sid: str, versions: Sequence[int]) -> EpisodeSu
         policy_versions=[int(v) for v in versions],
         agent_segments=int(traj.info.get("agent_segments", 0) or 0),
         agent_untrained_tokens=int(traj.info.get("agent_untrained_tokens", 0) or 0),
+        judge_calls=int(traj.info.get("judge_calls", 0) or 0), judge_failures=int(traj.info.get("judge_failures", 0) or 0),
+        judge_agrees=int(traj.info.get("judge_agrees", -1)),
+        judge_failure=str(traj.info.get("judge_failure", "")),
     )
 
 
@@ -135,6 +143,7 @@ class TrainItem:
     policy_versions: list[int]
     ref_logprobs: torch.Tensor | None = None
     routed_experts: torch.Tensor | None = None  # MoE: (positions, layers, k) int16 recorded at rollout
+    token_advantages: torch.Tensor | None = None  # PPO: one advantage per next-token position (``advantage`` unused)
 
     @property
     def trained(self) -> bool:
@@ -153,10 +162,10 @@ def train_items(sample_ids: Sequence[str], fields: dict[str, list[Any]]) -> list
             sample_id=sample_ids[i], group_id=int(fields["group_id"][i]), input_ids=[int(x) for x in as_list(fields["tokens"][i])],
             loss_mask=[int(x) for x in as_list(fields["loss_mask"][i])],
             rollout_logprobs=[float(x) for x in as_list(fields["rollout_logprobs"][i])],
-            mm=dict(fields["mm_inputs"][i] or {}), advantage=float(fields["advantages"][i]),
+            mm=dict(fields["mm_inputs"][i] or {}), advantage=_scalar_advantage(fields["advantages"][i]),
             keep=bool(fields["keep"][i]), trainable=bool(fields["trainable"][i]),
             policy_versions=[int(v) for v in as_list(fields["policy_versions"][i])],
-            ref_logprobs=_tensor(refs[i]), routed_experts=routed[i],
+            ref_logprobs=_tensor(refs[i]), routed_experts=routed[i], token_advantages=_token_advantages(fields["advantages"][i]),
         )
         for i in range(n)
     ]
@@ -167,6 +176,20 @@ def as_list(value: Any) -> list[Any]:
     if isinstance(value, torch.Tensor):
         return value.reshape(-1).tolist()
     return list(value) if value is not None else []
+
+
+def _per_token(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) or (isinstance(value, torch.Tensor) and value.dim() > 0)
+
+
+def _scalar_advantage(value: Any) -> float:
+    """A row's ``advantages`` value as one number (0.0 for a per-token row: see :func:`_token_advantages`)."""
+    return 0.0 if _per_token(value) else float(value)
+
+
+def _token_advantages(value: Any) -> torch.Tensor | None:
+    """A per-token ``advantages`` row (PPO) as a float32 tensor; None for a per-item number."""
+    return _tensor(value).reshape(-1) if _per_token(value) else None
 
 
 def _tensor(value: Any) -> torch.Tensor | None:

@@ -7,6 +7,9 @@ A checkpoint is a folder ``RUN_DIR/checkpoints/step_NNNNNN/`` holding
   ``model.path`` loads), the megatron backend its ``dist_checkpointing`` folder;
 - ``optimizer.pt``: the optimizer state with ``torch.save`` (a backend whose optimizer is sharded provides
   ``save_optimizer`` / ``load_optimizer`` and they are used instead);
+- what else the run trains besides the policy, one folder each (``critic/``: PPO's value model, written by
+  :meth:`~relax_gym.trainer.actors.critic.Critic.save`), staged next to the checkpoint and moved in before it is
+  complete (:func:`part_stage`);
 - ``trainer_state.pt``: a :class:`TrainerState` — the step (RL steps done), the policy version the engines serve,
   the data cursor (the seeds of the next step follow from it and the config), the random states (Python,
   NumPy, torch, and the trainer's own ``np.random.Generator``), the time spent so far (the learning-rate schedule
@@ -35,12 +38,13 @@ import torch
 from relax_gym.trainer.run.seeds import step_seed_base
 
 __all__ = [
-    "CHECKPOINTS", "OPTIMIZER_FILE", "REFERENCE_DIR", "STATE_FILE", "CheckpointError", "CheckpointableActor", "ResumePoint",
+    "CHECKPOINTS", "CRITIC_DIR", "OPTIMIZER_FILE", "part_stage", "REFERENCE_DIR", "STATE_FILE", "CheckpointError", "CheckpointableActor", "ResumePoint",
     "TrainerState", "capture_rng", "check_cursor", "trainer_state", "checkpoint_dir", "data_cursor", "eval_history", "latest_checkpoint",
     "load_checkpoint", "read_state", "reference_model", "restore_rng", "resume_point", "rewind_metrics", "save_checkpoint",
 ]
 
 CHECKPOINTS = "checkpoints"
+CRITIC_DIR = "critic"  # algorithm.name=ppo: the value model's folder inside a checkpoint
 STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 
@@ -143,14 +147,28 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / CHECKPOINTS / f"step_{step:06d}"
 
 
-def save_checkpoint(run_dir: Path, actor: CheckpointableActor, state: TrainerState) -> Path:
-    """Write the checkpoint of ``state.step`` (model and optimizer by ``actor``, then the trainer state); atomic."""
+def part_stage(run_dir: Path, step: int, part: str) -> Path:
+    """Where a part of the checkpoint of ``step`` that another process writes (the async critic role's
+    ``critic/``) is staged, emptied first: :func:`save_checkpoint` moves it in (``parts``)."""
+    stage = checkpoint_dir(run_dir, step).with_name(f"step_{step:06d}.{part}.partial")
+    shutil.rmtree(stage, ignore_errors=True)
+    return stage
+
+
+def save_checkpoint(run_dir: Path, actor: CheckpointableActor, state: TrainerState,
+                    parts: dict[str, Path] | None = None) -> Path:
+    """Write the checkpoint of ``state.step`` (model and optimizer by ``actor``, then the trainer state); atomic.
+    ``parts``: finished folders (staged with :func:`part_stage`) moved in under their names, e.g. ``critic``."""
     final = checkpoint_dir(run_dir, state.step)
     partial = final.with_name(final.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     actor.save_checkpoint(partial)
     _save_optimizer(actor, partial)
+    for name, folder in (parts or {}).items():
+        if not Path(folder).is_dir():
+            raise CheckpointError(f"the checkpoint part {name!r} was to be moved in from {folder}, which does not exist")
+        os.replace(folder, partial / name)
     torch.save(asdict(state), partial / STATE_FILE)
     if final.exists():  # the same step saved again (a replayed step after a rollback): the new one wins
         shutil.rmtree(final)

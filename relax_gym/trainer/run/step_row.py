@@ -20,8 +20,8 @@ import numpy as np
 
 from relax_gym.trainer.rollout.episode import MASKED_STATUSES
 
-__all__ = ["EVAL_FIELDS", "RewardComponents", "component_means", "episodes_masked", "eval_components", "eval_row", "rollout_row",
-           "summary_end", "summary_start"]
+__all__ = ["EVAL_FIELDS", "RewardComponents", "component_means", "episodes_masked", "eval_components", "eval_row",
+           "judge_metrics", "rollout_row", "summary_end", "summary_start"]
 
 # The eval row's own fields; every other ``eval_*`` key is a reward component.
 EVAL_FIELDS = frozenset({"eval_reward", "eval_failed", "eval_tool_calls", "eval_policy_version"})
@@ -76,6 +76,26 @@ def rollout_row(episodes: Sequence[Episode], rollout_s: float, known: Sequence[s
     if programs:  # agent-program episodes: how often agents broke token continuity (see rollout/program_episode.py)
         row["agent_segments_mean"] = _mean([float(e["agent_segments"]) for e in programs])
         row["agent_untrained_tokens"] = sum(int(e.get("agent_untrained_tokens", 0) or 0) for e in programs)
+    row.update(judge_metrics(episodes))
+    return row
+
+
+def judge_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Episodes whose rubric had judge parts: ``judge_calls`` and ``judge_failures`` (sums), ``judge_failed_<why>``
+    per kind of failure (``timeout``, ``engine_error``, ``malformed``) and, where the env
+    reports its own rule verdict, ``judge_rule_agreement`` (the share of verdicts that matched it). Empty when no
+    episode was judged."""
+    judged = [e for e in episodes if int(e.get("judge_calls", 0) or 0) or int(e.get("judge_failures", 0) or 0)]
+    if not judged:
+        return {}
+    row: dict[str, float] = {"judge_calls": sum(int(e.get("judge_calls", 0) or 0) for e in judged),
+                             "judge_failures": sum(int(e.get("judge_failures", 0) or 0) for e in judged)}
+    for why, n in Counter(str(e.get("judge_failure") or "") for e in judged).items():
+        if why:  # judge_failed_timeout / _engine_error / _malformed: the judge's service vs the judge's model
+            row[f"judge_failed_{why}"] = n
+    agreed = [int(e["judge_agrees"]) for e in judged if int(e.get("judge_agrees", -1)) >= 0]
+    if agreed:
+        row["judge_rule_agreement"] = _mean([float(a) for a in agreed])
     return row
 
 

@@ -2,7 +2,8 @@
 
 With ``random_answers`` (the default for warm-up) the final ``<answer>`` letter is replaced by a random option
 letter and the ``<think>`` text by a fixed short phrase: the warm-up teaches the output *format* only, never the
-labels, so any accuracy gained later is learned by RL from the media.
+labels, so any accuracy gained later is learned by RL from the media. An env whose answers are not letters (an open-ended
+env such as ``nextqa-describe``) gives its own answer-free demonstration instead: ``env.format_demo(rng)``.
 
 ``trainer.sft_think: describe`` (for a policy that starts from a base, relax_gym/trainer/base): the first turn's
 thought is the policy's *own* greedy description of the episode's media, asked with the base's describe instruction
@@ -43,9 +44,11 @@ def demonstration(env, processor, seed: int, rng: np.random.Generator | None = N
             action = _THINK.sub(lambda _: f"<think>{thought}</think>", action, count=1)
         elif random_answers or (short_tool_thoughts and "<tool_call>" in action):
             action = _THINK.sub(SHORT_THINK, action, count=1)
-        if random_answers:
-            if rng is None:
-                raise ValueError("random_answers needs an rng")
+        if random_answers and rng is None:
+            raise ValueError("random_answers needs an rng")
+        if random_answers and callable(getattr(base, "format_demo", None)):
+            action = base.format_demo(rng)  # an open-ended env's own answer-free demonstration (random facts)
+        elif random_answers:
             n_options = len(getattr(getattr(base, "sample", None), "options", ()) or getattr(base, "options", ()) or "ABCD")
             action = _ANSWER_LETTER.sub(lambda m: f"<answer>{'ABCDEFGHIJ'[int(rng.integers(n_options))]}</answer>", action)
         messages.append(Message(role="assistant", content=(TextPart(action),)))

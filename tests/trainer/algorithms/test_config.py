@@ -40,11 +40,45 @@ def test_name_alone_selects_the_preset_and_overrides_win():
     assert AlgorithmConfig.model_validate(c.model_dump()) == c
 
 
-def test_unknown_preset():
-    with pytest.raises(ValueError, match="ppo"):
-        preset("ppo")
+def test_ppo_preset():
+    c = preset("ppo")
+    assert (c.clip_low, c.clip_high, c.ratio_level, c.aggregation) == (0.2, 0.2, "token", "token_mean")
+    assert (c.gamma, c.lam, c.value_clip, c.whiten_advantages) == (1.0, 0.95, 0.2, True)
+    assert (c.kl_coef, c.dynamic_sampling, c.negative_advantage_scale) == (0.0, False, 1.0)
+    assert AlgorithmConfig(name="ppo") == c
+    c = preset("ppo", gamma=0.99, lam=1.0, value_clip=None, whiten_advantages=False)
+    assert (c.gamma, c.lam, c.value_clip, c.whiten_advantages) == (0.99, 1.0, None, False)
+
+
+def test_the_grpo_presets_are_unchanged_by_the_ppo_knobs():
+    for name in ("grpo", "dapo", "gspo"):
+        c = preset(name)
+        assert c.advantage_scale == "std" and c.negative_advantage_scale == 1.0
+    assert preset("dapo").dynamic_sampling and preset("grpo").aggregation == "seq_mean_token_mean"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"dynamic_sampling": True}, "dynamic_sampling"),
+    ({"negative_advantage_scale": 0.0}, "negative_advantage_scale=0.0"),
+])
+def test_ppo_refuses_the_group_knobs(overrides, message):
+    with pytest.raises(ValidationError, match=message):
+        preset("ppo", **overrides)
+
+
+@pytest.mark.parametrize(("field", "value"), [("gamma", 0.0), ("gamma", 1.01), ("lam", -0.1), ("lam", 1.5),
+                                              ("value_clip", 0.0), ("value_clip", -1.0)])
+def test_ppo_knobs_are_validated(field, value):
     with pytest.raises(ValidationError) as exc:
-        AlgorithmConfig(name="ppo")
+        preset("ppo", **{field: value})
+    assert [e["loc"] for e in exc.value.errors()] == [(field,)]
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="reinforce"):
+        preset("reinforce")
+    with pytest.raises(ValidationError) as exc:
+        AlgorithmConfig(name="reinforce")
     assert exc.value.errors()[0]["loc"] == ("name",)
 
 

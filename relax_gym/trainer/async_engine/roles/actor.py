@@ -12,6 +12,9 @@ importance sampling against their rollout log-probs; the cap is ``algorithm.tis_
 S ≥ 1, ``trainer.off_policy_tis_cap``. Masked episodes and groups dropped by the dynamic-sampling filter are
 consumed (acknowledged) but never forwarded. The answer of a step names every sample id it consumed, the
 staleness of each, and how long the actor waited for data.
+
+Under PPO the rows' ``advantages`` are per-token rows (GAE, from the advantages role) and the actor trains on them
+as they are; the critic is a role of its own (:mod:`.critic`'s), trained on the same partition beside the actor.
 """
 
 from __future__ import annotations
@@ -145,7 +148,8 @@ class ActorRole:
 
     @_restart_on_group_failure
     async def save_reference(self, directory: str) -> str:
-        """Save the current (warmed-up) policy as the frozen reference for the KL term."""
+        """Save the current (warmed-up) policy: the frozen reference of the KL term, and under PPO the critic's
+        starting weights."""
         self._refuse_if_replacement()
         frozen = self.actor.hf_model()
         await asyncio.to_thread(save_policy, frozen, self.processor, directory)
@@ -272,7 +276,7 @@ class ActorRole:
                     versions.extend(it.policy_versions)
             live = [it for it in items if it.trained]
             if live:
-                adv = torch.tensor([it.advantage for it in live], dtype=torch.float32)
+                adv = _advantages(live)
                 refs = [it.ref_logprobs for it in live] if with_reference else None
                 t1 = time.perf_counter()
                 lps = await asyncio.to_thread(self.actor.stream_micro_batch, live, adv, algo, ref_logprobs=refs, tis_cap=tis_cap)
@@ -308,18 +312,27 @@ class ActorRole:
     # -- checkpoints ---------------------------------------------------------------------------------------------
 
     @_restart_on_group_failure
-    async def checkpoint(self, step: int, run_dir: str, extra: dict[str, Any] | None = None) -> str:
+    async def checkpoint(self, step: int, run_dir: str, extra: dict[str, Any] | None = None,
+                         parts: dict[str, str] | None = None) -> str:
         """The colocate trainer's layout (:mod:`~relax_gym.trainer.run.checkpoint`): ``checkpoints/step_NNNNNN/`` with
         the model, the optimizer and the trainer state; ``extra``: what the controller adds (its ledger, the bus
-        cursor)."""
+        cursor); ``parts``: folders other roles staged for this checkpoint (the critic's), moved in by name."""
         self._refuse_if_replacement()
         state = trainer_state(self.cfg.trainer, step=step, version=self.version, rng=self.rng,
                               elapsed_s=time.perf_counter() - self._run_start, extra=extra)
-        out = await asyncio.to_thread(save_checkpoint, Path(run_dir), self.actor, state)
+        staged = {name: Path(folder) for name, folder in (parts or {}).items()}
+        out = await asyncio.to_thread(save_checkpoint, Path(run_dir), self.actor, state, staged)
         return str(out)
 
     async def current_version(self) -> int:
         return self.version
+
+
+def _advantages(items: list[TrainItem]) -> torch.Tensor | list[torch.Tensor]:
+    """The items' advantages as the actor's step takes them: one number each, or (PPO) one per-token row each."""
+    if items and items[0].token_advantages is not None:
+        return [it.token_advantages for it in items]
+    return torch.tensor([it.advantage for it in items], dtype=torch.float32)
 
 
 def _engine_version(url: str) -> str | None:

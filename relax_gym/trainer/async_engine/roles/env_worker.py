@@ -42,6 +42,8 @@ from relax_gym.trainer.databus.protocol import DuplicateRowError
 from relax_gym.trainer.engines.serve_client import HandleEngineClient
 from relax_gym.trainer.faults.hooks import SandboxHangs
 from relax_gym.trainer.policy.moe import routing_dims
+from relax_gym.trainer.rewards.judge import Judge, judge_trajectory
+from relax_gym.trainer.rewards.judge_host import judge_processor
 from relax_gym.trainer.rollout.episode import Trajectory, run_episode
 from relax_gym.trainer.rollout.program_episode import ProgramEpisodes, is_agent_program
 from relax_gym.trainer.rollout.samples import (
@@ -60,15 +62,18 @@ class EnvWorkerRole:
     object, for in-process use); ``engine``: the inference deployment's app name, or an engine client."""
 
     def __init__(self, cfg: dict[str, Any], bus: Any, engine: Any, *, pool_size: int = 32, eval_pool_size: int = 16,
-                 torch_threads: int | None = None, registry: Any = None, slots: Any = None) -> None:
+                 torch_threads: int | None = None, registry: Any = None, slots: Any = None, judge_app: Any = None) -> None:
         """``slots``: the run's :class:`~relax_gym.trainer.async_engine.carry.CarrySlots` (its Ray actor handle, or the object
-        itself) when stragglers are carried; None otherwise."""
+        itself) when stragglers are carried; None otherwise. ``judge_app``: the genrm role's app name (or an engine
+        client serving the judge), when the run has a ``judge:``."""
         setup_replica(torch_threads)
         self._slots = slots
         self.cfg = RelaxConfig.model_validate(cfg)
         self.processor = build_processor_only(self.cfg.model)
         self.routing = routing_dims(self.cfg.model)  # MoE: record the routed experts of training episodes
         self._bus_source, self._engine_source = bus, engine
+        self._judge_source = judge_app
+        self._judge: Judge | None = None
         self._bus: Any = None
         self._client: Any = None
         env = self.cfg.env
@@ -103,6 +108,17 @@ class EnvWorkerRole:
                                               max_batch=self.cfg.inference.max_batch)
         else:
             self._client = self._engine_source
+        if self._judge_source is not None:  # the judge's code runs here; its engine is the genrm role
+            j = self.cfg.judge
+            if j is None:
+                raise ValueError("a judge engine was given but the run's config has no judge: section")
+            client = self._judge_source
+            if isinstance(client, str):
+                from ray import serve
+
+                client = HandleEngineClient(serve.get_app_handle(client), retries=retries_within(self.cfg.roles.replica_wait_s),
+                                            max_batch=j.max_batch)
+            self._judge = Judge(client, judge_processor(j), max_new_tokens=j.max_new_tokens, timeout_s=j.timeout_s)
 
     def _sampling(self, greedy: bool) -> dict[str, Any]:
         inf = self.cfg.inference
@@ -125,6 +141,7 @@ class EnvWorkerRole:
             env = self._fresh_env(env, greedy)
         finally:
             pool.put_nowait(env)
+        traj = await judge_trajectory(traj, self._judge)  # pending judge parts: scored now, as each episode ends
         versions = [v for v in (parse_version(w) for w in traj.weight_versions) if v is not None]
         return traj, versions
 
