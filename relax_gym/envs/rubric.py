@@ -159,8 +159,15 @@ class JudgeRequest(BaseModel):
     prompt: str
     verdict: Literal["label", "score"] = "label"
     labels: dict[str, float] = Field(default_factory=lambda: {"yes": 1.0, "no": 0.0})
-    max_score: float = 10.0
-    weight: float = 1.0
+    max_score: float = Field(default=10.0, gt=0)
+    weight: float = Field(default=1.0, ge=0)
+
+    @field_validator("labels")
+    @classmethod
+    def _label_values(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v or any(not 0.0 <= x <= 1.0 for x in v.values()):
+            raise ValueError(f"labels must map at least one label to a value in [0, 1], got {v}")
+        return v
 
     def parse(self, text: str) -> float | None:
         """The part's value from the judge's reply (:func:`~relax_gym.envs.verdict.parse_verdict`), or None when

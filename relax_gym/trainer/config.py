@@ -89,7 +89,9 @@ class JudgeSection(_Section):
     engine: Literal["embedded", "sglang"] = "embedded"
     sglang: SGLangSection = Field(default_factory=SGLangSection)  # engine: sglang (model_path: the judge checkpoint)
     max_new_tokens: int = Field(default=8, ge=1)  # a verdict is a label or a score: a few tokens
-    timeout_s: float = Field(default=60.0, gt=0)  # per judge call; a call past it fails the verdict (judge_error)
+    # per judge call; a call past it fails the verdict (judge_error). In async mode a call may first wait up to
+    # roles.replica_wait_s for a replaced genrm replica: that wait comes on top
+    timeout_s: float = Field(default=60.0, gt=0)
     max_batch: int = Field(default=64, ge=1)  # judge requests per engine batch
 
     def inference(self) -> InferenceSection:
@@ -290,8 +292,17 @@ class RelaxConfig(_Section):
             if fault.kind == "engine_error" and self.inference.engine != "embedded":
                 raise ValueError(f"faults.inject[{i}] (engine_error) arms the embedded engine; inference.engine is "
                                  f"{self.inference.engine!r}")
-        if self.judge is not None and self.judge.engine == "sglang" and self.judge.sglang.model_path is None:
-            raise ValueError("judge.engine=sglang needs the judge checkpoint to serve: set judge.sglang.model_path")
+        if self.judge is not None and self.judge.engine == "sglang":
+            js = self.judge.sglang
+            if js.model_path is not None and js.model_path != self.judge.model:
+                raise ValueError(f"judge.sglang.model_path ({js.model_path}) must be judge.model ({self.judge.model}) or "
+                                 "unset: the judge's prompts are rendered with judge.model's processor")
+            if js.port and self.trainer.mode == "async" and self.roles.genrm.replicas > 1:
+                raise ValueError(f"judge.sglang.port={js.port} with roles.genrm.replicas={self.roles.genrm.replicas}: each "
+                                 "replica launches its own server; use port 0 (a free one)")
+            if js.port and self.inference.engine == "sglang" and js.port == self.inference.sglang.port:
+                raise ValueError(f"judge.sglang.port and inference.sglang.port are both {js.port}: two servers cannot "
+                                 "share a port")
         if self.trainer.mode == "async" and self.algorithm.name == "sft":
             raise ValueError("trainer.mode=async runs RL algorithms; algorithm.name=sft has no rollouts to pipeline")
         return self

@@ -104,9 +104,8 @@ def ensure_ray(cfg: RelaxConfig) -> bool:
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, configure_logging=False, namespace="relax-gym")
         return True
     r = cfg.roles
-    critic = [r.critic] if cfg.algorithm.name == "ppo" else []
-    reserved = sum(s.num_cpus * s.replicas for s in (r.env_worker, r.inference, r.reference, r.advantages, r.actor, r.genrm,
-                                                     *critic))
+    optional = ([r.critic] if cfg.algorithm.name == "ppo" else []) + ([r.genrm] if cfg.judge is not None else [])
+    reserved = sum(s.num_cpus * s.replicas for s in (r.env_worker, r.inference, r.reference, r.advantages, r.actor, *optional))
     p = cfg.actor.parallel
     if cfg.actor.backend == "megatron" and (p.world > 1 or p.launcher == "ray"):
         reserved += p.world * p.num_cpus_per_rank  # the actor's rank group

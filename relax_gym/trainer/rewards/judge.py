@@ -69,8 +69,11 @@ class Judge:
             return self._count(Verdict(request.part, None, "timeout", f"no answer within {self.timeout_s:g} s"))
         except Exception as exc:  # noqa: BLE001 - an engine failure is a failed verdict, never a failed step
             return self._count(Verdict(request.part, None, "engine_error", f"{type(exc).__name__}: {exc}"))
-        text = self.processor.decode(out.output_ids, skip_special_tokens=True).strip()
-        value = parse_verdict(text, request.verdict, labels=request.labels, max_score=request.max_score)
+        try:
+            text = self.processor.decode(out.output_ids, skip_special_tokens=True).strip()
+            value = parse_verdict(text, request.verdict, labels=request.labels, max_score=request.max_score)
+        except Exception as exc:  # noqa: BLE001 - undecodable ids or a verdict that cannot be read: no verdict
+            return self._count(Verdict(request.part, None, "malformed", f"{type(exc).__name__}: {exc}"))
         return self._count(Verdict(request.part, value, "ok" if value is not None else "malformed", text))
 
     async def score(self, requests: Sequence[JudgeRequest | Mapping[str, Any]]) -> list[Verdict]:
@@ -102,6 +105,11 @@ async def judge_trajectory(traj: Any, judge: Judge | None) -> Any:
                       "judge: add a judge: section to the recipe (docs/judges.md)")
         traj.info.update(judge_calls=0, judge_failures=len(requests), judge_failure="no_judge")
         return traj
+    if not weights:
+        traj.status, traj.reward = JUDGE_ERROR, 0.0
+        traj.error = "the env left judge parts pending without info['reward_weights']: the reward cannot be recombined"
+        traj.info.update(judge_calls=0, judge_failures=len(requests), judge_failure="no_weights")
+        return traj
     verdicts = await judge.score(requests)
     failed = [v for v in verdicts if v.value is None]
     breakdown = dict(traj.reward_breakdown)
@@ -117,5 +125,7 @@ async def judge_trajectory(traj: Any, judge: Judge | None) -> Any:
         traj.status, traj.reward = JUDGE_ERROR, 0.0
         traj.error = "; ".join(f"judge part {v.part!r}: {v.status}: {v.text[:200]}" for v in failed)
         return traj
-    traj.reward = combine(weights or {v.part: 1.0 for v in verdicts}, breakdown)
+    # the env's step counted the pending parts 0; the rubric is a weighted mean, so the judged parts add their share
+    # (and rewards of earlier turns, summed by the runner, stay)
+    traj.reward += combine(weights, {v.part: float(v.value) for v in verdicts})
     return traj

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from relax_gym.envs.rubric import RubricError
 from relax_gym.omni.render import Rendered, extend, render
 from relax_gym.trainer.engines.media_items import media_data
 from relax_gym.trainer.policy.routing import decode_routed_experts, empty_routing, merge_turn
@@ -105,6 +106,8 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
         action = processor.decode(out.output_ids, skip_special_tokens=True)
         try:
             obs, reward, terminated, truncated, info = await _in_env_thread(env.step, action)
+        except RubricError:  # the manifest's rubric asks for what the env never gives: a configuration error, raised
+            raise
         except Exception as exc:
             return _failed(traj, "env_error", exc, rendered, logprobs)
         traj.reward += float(reward)

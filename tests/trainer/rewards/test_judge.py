@@ -45,10 +45,11 @@ def request(part, prompt, weight=0.9, verdict="label"):
             "weight": weight}
 
 
-def trajectory(requests, breakdown=None, weights=None, status="ok", rule_match=None):
+def trajectory(requests, breakdown=None, weights=None, status="ok", rule_match=None, reward=0.1):
+    """An ended episode whose env scored ``breakdown`` (its step's reward counted the pending parts 0: ``reward``)."""
     info = {"judge_requests": requests, "reward_weights": weights or {"match": 0.9, "format": 0.1},
             "reward_context": {"facts": "the red square moves left .", **({"rule_match": rule_match} if rule_match is not None else {})}}
-    return Trajectory(group_id=0, seed=0, input_ids=[1, 2, 3], loss_mask=[0, 1, 1], reward=0.1,
+    return Trajectory(group_id=0, seed=0, input_ids=[1, 2, 3], loss_mask=[0, 1, 1], reward=reward,
                       reward_breakdown=dict(breakdown or {"format": 1.0}), status=status, info=info)
 
 
@@ -111,9 +112,37 @@ def test_one_failed_part_of_two_masks_the_episode_and_the_calls_run_concurrently
 def test_score_verdicts_and_weights(processor):
     judge = Judge(ScriptedEngine(processor, {"left": "7"}), processor)
     traj = run(judge_trajectory(trajectory([request("match", "left", verdict="score")],
-                                           breakdown={"format": 0.0}, weights={"match": 3.0, "format": 1.0}), judge))
+                                           breakdown={"format": 0.0}, weights={"match": 3.0, "format": 1.0}, reward=0.0),
+                                judge))
     assert traj.reward_breakdown["match"] == pytest.approx(0.7)
     assert traj.reward == pytest.approx(3.0 * 0.7 / 4.0)
+
+
+def test_rewards_of_earlier_turns_stay_and_missing_weights_are_an_error(processor):
+    judge = Judge(ScriptedEngine(processor, {"left": "yes"}), processor)
+    # a two-turn episode: 0.25 of shaping on turn 1, then the terminal step's rule part (0.1 of the rubric)
+    traj = run(judge_trajectory(trajectory([request("match", "left")], reward=0.25 + 0.1), judge))
+    assert traj.reward == pytest.approx(0.25 + 0.1 + 0.9)
+    broken = trajectory([request("match", "left")])
+    broken.info.pop("reward_weights")
+    out = run(judge_trajectory(broken, judge))
+    assert out.status == JUDGE_ERROR and "reward_weights" in out.error and out.info["judge_failure"] == "no_weights"
+
+
+def test_an_unreadable_answer_is_a_malformed_verdict_not_a_raise(processor):
+    class Undecodable:  # the judge's processor fails on the answer's ids (e.g. an id outside its vocabulary)
+        def __getattr__(self, name):
+            return getattr(processor, name)
+
+        def decode(self, ids, **kwargs):
+            if kwargs.get("skip_special_tokens") and len(ids) < 5:  # the answer, not the engine's prompt check
+                raise IndexError("piece id is out of range")
+            return processor.decode(ids, **kwargs)
+
+    judge = Judge(ScriptedEngine(processor, {"left": "yes"}), Undecodable())
+    traj = run(judge_trajectory(trajectory([request("match", "left")]), judge))
+    assert traj.status == JUDGE_ERROR and traj.info["judge_failure"] == "malformed"
+    assert "IndexError: piece id is out of range" in traj.error
 
 
 def test_no_judge_configured_is_a_judge_error_naming_the_fix(processor):

@@ -118,7 +118,10 @@ class EnvWorkerRole:
 
                 client = HandleEngineClient(serve.get_app_handle(client), retries=retries_within(self.cfg.roles.replica_wait_s),
                                             max_batch=j.max_batch)
-            self._judge = Judge(client, judge_processor(j), max_new_tokens=j.max_new_tokens, timeout_s=j.timeout_s)
+            # a call may first wait for a replaced genrm replica (the client resends it for roles.replica_wait_s):
+            # that wait does not count against the judge's own time limit
+            self._judge = Judge(client, judge_processor(j), max_new_tokens=j.max_new_tokens,
+                                timeout_s=j.timeout_s + self.cfg.roles.replica_wait_s)
 
     def _sampling(self, greedy: bool) -> dict[str, Any]:
         inf = self.cfg.inference
