@@ -64,7 +64,7 @@ __all__ = [
 #: Bump when the clip set's content changes (the cache folder name carries it).
 DESCRIBE_SAMPLE_VERSION = 1
 #: Bump when the grammar, the claims or the pair mix change (a judge model's cache key carries it).
-PAIRS_VERSION = 2  # 2: misspelt words and repeated sentences among the perturbed pairs
+PAIRS_VERSION = 3  # 2: misspelt words and repeated sentences among the perturbed pairs; 3: stutters at the verb or value
 #: Seed of the clip set's random stream (the QA samples use 0, 1, 5, 6; the caption corpora 20_261_201 and +1).
 DESCRIBE_SEED = 20_261_220
 
@@ -248,14 +248,15 @@ def describe_format(response: str, context: Mapping[str, Any] | None = None) -> 
 #: verdict; ``canonical`` / ``variant`` / ``cut_after`` are correct by construction, ``wrong_value`` /
 #: ``wrong_kind`` / ``mixed`` / ``truncated`` wrong by construction, ``perturbed`` / ``garbage`` whatever the rule says.
 PAIR_KINDS: dict[str, float] = {
-    "canonical": 0.18,
+    "canonical": 0.16,
     "variant": 0.16,
     "cut_after": 0.05,   # the canonical sentence cut after the value word (correct, unfinished)
-    "wrong_value": 0.19,  # the right kind of sentence, another value
+    "wrong_value": 0.17,  # the right kind of sentence, another value
     "wrong_kind": 0.06,   # a sentence about the other fact
-    "mixed": 0.12,        # the right sentence and a contradicting or extra claim, in either order
+    "mixed": 0.10,        # the right sentence and a contradicting or extra claim, in either order
     "truncated": 0.06,    # cut before the value word
-    "perturbed": 0.12,    # a right sentence said twice, or with a word dropped, doubled, replaced or misspelt
+    "perturbed": 0.10,    # a right sentence said twice, or with a word dropped, doubled, replaced or misspelt
+    "stutter": 0.08,      # a sampling policy's slips at the verb or the value: "the red square move move ."
     "garbage": 0.06,      # empty, word salad, tags
 }
 
@@ -305,9 +306,11 @@ def _garble(word: str, rng: np.random.Generator) -> str:
         return word + word
     k = int(rng.integers(1, len(word)))
     how = rng.random()
-    if how < 0.4:
+    if how < 0.3:
         return word[:k + 1] + word[max(0, k - 1):]  # a stutter
-    if how < 0.7:
+    if how < 0.55:
+        return word[:-1] + word[-3:-1] if len(word) > 2 else word + word  # the ending stutters: "moves" -> "moveve"
+    if how < 0.8:
         return word[:k] + word[k + 1:]  # a letter dropped
     return word + word[-1]
 
@@ -354,6 +357,17 @@ def _pair(kind: str, facts: Facts, rng: np.random.Generator) -> str:
             words[i] = str(rng.choice(_SALAD_WORDS[:31]))
         else:
             words[i] = _garble(words[i], rng)
+        return " ".join(words)
+    if kind == "stutter":
+        words = canonical_description(facts).split()
+        value = min(_value_position(words), len(words) - 1)
+        i = value if rng.random() < 0.5 or value == 0 else value - 1  # the value, or the word before it (the verb)
+        how = rng.random()
+        if how < 0.35:  # the word repeated, and the sentence given up: "the red square move move move ."
+            return " ".join([*words[:i], *[words[i]] * int(rng.integers(2, 6)), "."])
+        if how < 0.6:  # the word repeated in place
+            return " ".join([*words[:i], *[words[i]] * int(rng.integers(2, 4)), *words[i + 1:]])
+        words[i] = _garble(words[i], rng)  # the word misspelt: "moveve", "dwn"
         return " ".join(words)
     if kind == "garbage":
         roll = rng.random()

@@ -93,7 +93,7 @@ class JudgeSpec(BaseModel):
 #: The named judges a recipe's ``judge.model`` can ask for.
 JUDGES: dict[str, JudgeSpec] = {
     "describe-judge": JudgeSpec(
-        steps=300, lr=1e-3, about="nextqa-describe's match part: does the description state the clip's facts, yes or no"),
+        steps=450, lr=1e-3, about="nextqa-describe's match part: does the description state the clip's facts, yes or no"),
 }
 
 
