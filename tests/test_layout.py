@@ -37,7 +37,7 @@ ALLOWED: dict[str, set[str]] = {
     "base": {"policy", "algorithms", "actors", "engines"},  # the base stage: a captioning SFT before any run
     "config": {"algorithms", "faults", "policy", "engines", "base"},
     # the judge (GenRM core), its engine in colocate mode and the judge models built in code
-    "rewards": {"algorithms", "policy", "engines", "actors", "rollout", "config"},
+    "rewards": {"algorithms", "policy", "engines", "actors", "rollout", "config", "base"},
     "run": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "base", "rewards"},
     "colocate": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "base", "rewards"},
     "async_engine": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "databus",

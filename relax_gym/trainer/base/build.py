@@ -87,24 +87,33 @@ def ensure_base(name: str, policy: PolicyConfig, *, root: Path | None = None, sp
     root = Path(root) if root is not None else bases_root()
     key = base_key(spec, policy)
     final = root / f"{name}-{key}"
-    if (final / "base.json").is_file():
-        return BaseInfo(name, final, False, json.loads((final / "base.json").read_text()))
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
+    report, built = build_into_cache(final, "base.json",
+                                     lambda out: _build(name, key, spec, policy, out, progress or (lambda event, data: None)))
+    return BaseInfo(name, final, built, report)
+
+
+def build_into_cache(final: Path, report_file: str, build: Callable[[Path], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """``(report, built)`` of the cached model folder ``final``: read from its ``report_file``, or built now by
+    ``build(tmp)`` into a temporary sibling renamed into place (concurrent builds never see half a folder; when
+    another process finishes first, its copy wins). Bases and judges are cached this way."""
+    if (final / report_file).is_file():
+        return json.loads((final / report_file).read_text()), False
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
-        report = _build(name, key, spec, policy, tmp, progress or (lambda event, data: None))
+        report = build(tmp)
         os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, final)
         except OSError:
-            if not (final / "base.json").is_file():
+            if not (final / report_file).is_file():
                 raise
             shutil.rmtree(tmp, ignore_errors=True)  # another process finished first: its copy wins
-            return BaseInfo(name, final, False, json.loads((final / "base.json").read_text()))
+            return json.loads((final / report_file).read_text()), False
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return BaseInfo(name, final, True, report)
+    return report, True
 
 
 def _build(name: str, key: str, spec: BaseSpec, policy: PolicyConfig, out: Path, progress: Progress) -> dict[str, Any]:

@@ -23,8 +23,6 @@ import concurrent.futures as cf
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -49,6 +47,7 @@ from relax_gym.envs.verdict import parse_verdict
 from relax_gym.omni import Message, TextPart
 from relax_gym.omni.render import Rendered, render
 from relax_gym.trainer.actors.hf import HFActor
+from relax_gym.trainer.base.build import build_into_cache
 from relax_gym.trainer.engines.embedded import EmbeddedEngine
 from relax_gym.trainer.policy import PolicyConfig, build_policy
 from relax_gym.trainer.policy.model import save_policy
@@ -129,24 +128,9 @@ def ensure_judge(name: str, root: Path | None = None, *, spec: JudgeSpec | None 
         spec = JUDGES[name]
     root = Path(root) if root is not None else judges_root()
     final = root / f"{name}-{judge_key(spec)}"
-    if (final / "judge.json").is_file():
-        return JudgeInfo(name, final, False, json.loads((final / "judge.json").read_text()))
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
-    try:
-        report = _build(name, spec, tmp, progress or (lambda event, data: None))
-        os.chmod(tmp, 0o755)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "judge.json").is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first: its copy wins
-            return JudgeInfo(name, final, False, json.loads((final / "judge.json").read_text()))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return JudgeInfo(name, final, True, report)
+    report, built = build_into_cache(final, "judge.json",
+                                     lambda out: _build(name, spec, out, progress or (lambda event, data: None)))
+    return JudgeInfo(name, final, built, report)
 
 
 def judge_prompt(pair: Pair) -> str:
