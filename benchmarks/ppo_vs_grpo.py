@@ -3,16 +3,17 @@ one chart.
 
     python benchmarks/ppo_vs_grpo.py --seconds 600 [--seeds 0 1] [override ...]
     python benchmarks/ppo_vs_grpo.py --steps 200 [--x step] [--out runs/ppo_vs_grpo.png]
+    python benchmarks/ppo_vs_grpo.py --quick      # or relax-gym bench ppo_vs_grpo --quick: a 3-step smoke run
 
 GRPO runs ``recipes/cpu-nextqa.yaml`` and PPO ``recipes/cpu-nextqa-ppo.yaml``, which is the same recipe with
 ``algorithm.name: ppo`` (GAE knobs) and a ``critic:`` section: the script refuses a pair of recipes that differ
 anywhere else, so the curves compare the algorithms and nothing more. The budget is a number of RL steps
 (``--steps``: ``trainer.steps``, no time budget) or seconds (``--seconds``: ``trainer.time_budget_s``, the
-warm-up counted as in every run); give one or both. Overrides apply to both runs (e.g. ``model.base=null``,
+warm-up counted as in every run); give one or both (neither: 600 s). Overrides apply to both runs (e.g. ``model.base=null``,
 ``trainer.eval_every=10``).
 
 Each run is a run of benchmarks/learning.py's kind (the same figures, read the same way) in its own directory,
-runs/bench-ppo-vs-grpo-<algorithm>-seed<N> (emptied first; learning.py's directories are left alone). The chart
+runs/bench-ppo-vs-grpo-<algorithm>[-quick]-seed<N> (emptied first; learning.py's directories are left alone). The chart
 (``--out``, PNG) draws eval reward against run time (``--x time``, the default: the fair axis, since a PPO step also
 runs the critic; the first point, the eval after the warm-up, sits at 0) or against the RL step (``--x step``), one
 line per algorithm and seed; the table prints per run the steps, minutes, seconds per step, eval reward at the
@@ -33,6 +34,10 @@ from relax_gym.trainer.config import load_recipe
 
 RECIPES = {"grpo": "recipes/cpu-nextqa.yaml", "ppo": "recipes/cpu-nextqa-ppo.yaml"}
 ALGORITHM_SECTIONS = ("algorithm", "critic")  # where the two recipes may differ
+DEFAULT_SECONDS = 600.0
+QUICK_STEPS = 3
+QUICK_OVERRIDES = ["model.base=null", "trainer.sft_warmup_steps=4", "trainer.eval_every=3", "trainer.eval_episodes=4",
+                   "trainer.checkpoint_every=1000", "metrics.tensorboard=false"]
 
 
 def _script(name: str) -> Any:
@@ -49,14 +54,15 @@ def _script(name: str) -> Any:
     return sys.modules[key]
 
 
-def run_dir_of(algorithm: str, seed: int) -> Path:
-    return Path("runs") / f"bench-ppo-vs-grpo-{algorithm}-seed{seed}"
+def run_dir_of(algorithm: str, seed: int, quick: bool = False) -> Path:
+    """runs/bench-ppo-vs-grpo-<algorithm>[-quick]-seed<N> (a smoke run never empties a comparison's directory)."""
+    return Path("runs") / f"bench-ppo-vs-grpo-{algorithm}{'-quick' if quick else ''}-seed{seed}"
 
 
-def train(algorithm: str, recipe: str, seed: int, overrides: list[str]) -> dict[str, Any]:
+def train(algorithm: str, recipe: str, seed: int, overrides: list[str], quick: bool = False) -> dict[str, Any]:
     """One run of ``recipe`` (seeded as benchmarks/learning.py seeds its runs) and its figures."""
     learning, once = _script("learning"), _script("_trainer_run")
-    run_dir = run_dir_of(algorithm, seed)
+    run_dir = run_dir_of(algorithm, seed, quick)
     cfg = load_recipe(recipe, [*overrides, f"trainer.seed={seed}", f"model.seed={seed}"])
     summary, _, _, _ = once.train_once(cfg, run_dir)
     best_reward, best_step = learning._best_eval(run_dir)
@@ -131,23 +137,29 @@ def plot(results: dict[str, list[dict[str, Any]]], out: Path, x: str, title: str
     return out
 
 
-def run(*, steps: int | None = None, seconds: float | None = None, seeds: list[int] | None = None,
+def run(quick: bool = False, *, steps: int | None = None, seconds: float | None = None, seeds: list[int] | None = None,
         overrides: list[str] | tuple[str, ...] = (), recipes: dict[str, str] | None = None, x: str = "time",
         out: Path = Path("runs/ppo_vs_grpo.png")) -> dict[str, Any]:
-    """Train each recipe once per seed on the same budget; draw the chart. Returns ``{"budget", "overrides",
-    "runs": {"grpo": [...], "ppo": [...]}, "chart"}`` (each run: :func:`train`'s figures)."""
+    """Train each recipe once per seed on the same budget; draw the chart. Returns ``{"quick", "budget",
+    "overrides", "runs": {"grpo": [...], "ppo": [...]}, "chart"}`` (each run: :func:`train`'s figures).
+
+    With no budget given: ``QUICK_STEPS`` steps of a tiny untrained model with a short warm-up when ``quick`` (a smoke
+    run of the whole path, not a comparison), else ``DEFAULT_SECONDS`` (the documented figure's budget)."""
     recipes = dict(recipes or RECIPES)
     seeds = seeds if seeds is not None else [0]
-    overrides = [*budget_overrides(steps, seconds), *overrides]
+    if steps is None and seconds is None:
+        steps, seconds = (QUICK_STEPS, None) if quick else (None, DEFAULT_SECONDS)
+    overrides = [*budget_overrides(steps, seconds), *(QUICK_OVERRIDES if quick else []), *overrides]
     check_same_recipe(recipes, overrides)
-    results = {name: [train(name, recipe, seed, overrides) for seed in seeds] for name, recipe in recipes.items()}
+    results = {name: [train(name, recipe, seed, overrides, quick) for seed in seeds] for name, recipe in recipes.items()}
     budget = ", ".join(b for b in (f"{steps} steps" if steps else "", f"{seconds:g} s" if seconds else "") if b)
     chart = plot(results, Path(out), x, f"PPO vs GRPO on {Path(recipes['grpo']).stem} ({budget})")
-    return {"budget": {"steps": steps, "seconds": seconds}, "overrides": overrides, "runs": results, "chart": str(chart)}
+    return {"quick": quick, "budget": {"steps": steps, "seconds": seconds}, "overrides": overrides, "runs": results, "chart": str(chart)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a 3-step smoke run of a tiny model (not a comparison)")
     parser.add_argument("--steps", type=int, default=None, help="RL steps per run (no time budget unless --seconds)")
     parser.add_argument("--seconds", type=float, default=None, help="time budget per run, warm-up included")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -155,7 +167,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/ppo_vs_grpo.png"))
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied to both recipes")
     args = parser.parse_args()
-    result = run(steps=args.steps, seconds=args.seconds, seeds=args.seeds, overrides=args.overrides, x=args.x,
+    result = run(args.quick, steps=args.steps, seconds=args.seconds, seeds=args.seeds, overrides=args.overrides, x=args.x,
                  out=args.out)
     table = Table("algorithm", "seed", "steps", "minutes", "s/step", "eval start", "eval end", "best (step)", "gain",
                   title=f"PPO vs GRPO ({', '.join(result['overrides'])})")

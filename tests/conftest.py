@@ -28,6 +28,17 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped under RELAX_GYM_CI=1, which forbids skips: {reason}"
 
 
+@pytest.fixture
+def clean_registry(monkeypatch):
+    """Restore the registry after a test that adds envs or changes the search path (undoing its monkeypatches
+    first, so discovery runs on the original search path)."""
+    from .registry_state import restored_registry
+
+    with restored_registry():
+        yield
+        monkeypatch.undo()
+
+
 @pytest.fixture(scope="session")
 def nextqa_head_csv() -> Path:
     path = SHARED / "data" / "nextqa" / "val_head.csv"

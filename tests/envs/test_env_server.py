@@ -44,7 +44,7 @@ from relax_gym.envs.remote.wire import (
 )
 from relax_gym.omni import ImagePart, Message, TextPart, VideoPart
 
-from .test_registry import clean_registry, write_manifest  # noqa: F401 - a fixture
+from .test_registry import write_manifest
 
 
 class Fragile(AgentEnv):
@@ -98,7 +98,7 @@ def serve():
 
 
 @pytest.fixture
-def fragile(clean_registry):  # noqa: F811 - the imported fixture
+def fragile(clean_registry):
     relax_gym.register(id="fragile", entry_point=Fragile, modalities=["image", "text"])
     Fragile.closed = Fragile.steps = 0
     Fragile.made_delay_s, Fragile.gate = 0.0, None
@@ -254,7 +254,7 @@ def test_remote_ids_parse():
             parse_remote_id(bad)
 
 
-def test_server_table_in_the_manifest(tmp_path, monkeypatch, clean_registry):  # noqa: F811
+def test_server_table_in_the_manifest(tmp_path, monkeypatch, clean_registry):
     def server_table(body: str, extra: str = 'entry_point = "a.b:C"\n') -> str:
         return f'id = "s"\n{extra}[server]\n{body}\n'
 
@@ -276,7 +276,7 @@ def test_server_table_in_the_manifest(tmp_path, monkeypatch, clean_registry):  #
         relax_gym.make("served-x")
 
 
-def test_a_server_that_cannot_start_names_its_log(tmp_path, monkeypatch, clean_registry):  # noqa: F811
+def test_a_server_that_cannot_start_names_its_log(tmp_path, monkeypatch, clean_registry):
     fake = tmp_path / "bin" / "python"
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\necho 'ModuleNotFoundError: no module named relaxgym_missing' >&2\nexit 3\n")
@@ -465,7 +465,7 @@ def test_closing_or_reaping_a_session_waits_for_the_request_using_it(serve, frag
     assert status == 404 and body["error"]["type"] == "UnknownSession"
 
 
-def test_launcher_gives_the_trainers_kwargs_to_its_server_at_startup(tmp_path, monkeypatch, clean_registry):  # noqa: F811
+def test_launcher_gives_the_trainers_kwargs_to_its_server_at_startup(tmp_path, monkeypatch, clean_registry):
     write_manifest(tmp_path / "envs" / "zoom", f'''id = "zoom-served"
 entry_point = "relax_gym.envs.image_zoom:ImageZoomEnv"
 modalities = ["image", "text"]

@@ -25,7 +25,7 @@ from relax_gym.cli import app
 from relax_gym.envs import check_env, discover
 from relax_gym.envs.remote import RemoteEnv, launcher
 
-from .test_registry import clean_registry, write_manifest  # noqa: F401 - a fixture
+from .test_registry import write_manifest
 
 PROBE_ENV = '''
 """A colour quiz on a tiny picture: which colour fills the square? (The package the main venv lacks.)"""
@@ -101,7 +101,7 @@ def make_venv(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_env_from_a_second_venv_checks_plays_and_trains(tmp_path, monkeypatch, clean_registry):  # noqa: F811
+def test_env_from_a_second_venv_checks_plays_and_trains(tmp_path, monkeypatch, clean_registry):
     venv = make_venv(tmp_path)
     assert importlib.util.find_spec("relaxgym_probe_pkg") is None, "the main venv must not have the probe package"
     probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import relax_gym.envs"], check=False, capture_output=True,

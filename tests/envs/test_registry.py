@@ -10,22 +10,8 @@ import pytest
 
 import relax_gym
 from relax_gym.envs import ManifestError, UnknownEnvError, discover, discovery_errors, load_manifest
-from relax_gym.envs import registry as reg
 
 from .test_core import Countdown
-
-
-@pytest.fixture
-def clean_registry(monkeypatch):
-    """Restore the registry after a test that adds envs or changes the search path."""
-    saved_specs, saved_gym = dict(reg._specs), dict(gymnasium.registry)
-    yield
-    monkeypatch.undo()
-    reg._specs.clear()
-    reg._specs.update(saved_specs)
-    gymnasium.registry.clear()
-    gymnasium.registry.update(saved_gym)
-    discover(force=True)
 
 
 def write_manifest(folder: Path, text: str) -> Path:

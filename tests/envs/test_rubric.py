@@ -6,7 +6,6 @@ import itertools
 import json
 import textwrap
 
-import gymnasium
 import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
@@ -30,7 +29,6 @@ from relax_gym.envs import (
     register_rule,
     with_rubric,
 )
-from relax_gym.envs import registry as reg
 from relax_gym.envs import rubric as rubric_mod
 from relax_gym.envs.rewards import (
     MultipleChoiceReward,
@@ -319,18 +317,6 @@ def test_builtin_envs_report_a_json_reward_context():
 
 
 # -------------------------------------------------------------------------------------------- manifests
-
-
-@pytest.fixture
-def clean_registry(monkeypatch):
-    saved_specs, saved_gym = dict(reg._specs), dict(gymnasium.registry)
-    yield
-    monkeypatch.undo()
-    reg._specs.clear()
-    reg._specs.update(saved_specs)
-    gymnasium.registry.clear()
-    gymnasium.registry.update(saved_gym)
-    discover(force=True)
 
 
 def write(folder, text):

@@ -23,6 +23,7 @@ import relax_gym
 from relax_gym.cli import app
 from relax_gym.envs.remote.server import EnvServer
 
+from ..registry_state import restored_registry
 from ..trainer.ppo_probe import ENV_ID, TwoTurnProbe
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -34,11 +35,12 @@ CRITIC_METRICS = ("value_loss", "value_clip_frac", "explained_var", "values_mean
 
 @pytest.fixture(scope="module")
 def probe_url():
-    relax_gym.register(ENV_ID, TwoTurnProbe, override=True)
-    server = EnvServer(ENV_ID)
-    server.start()
-    yield f"remote:{server.url}/{ENV_ID}"
-    server.close()
+    with restored_registry():  # the probe env is gone after this module
+        relax_gym.register(ENV_ID, TwoTurnProbe, override=True)
+        server = EnvServer(ENV_ID)
+        server.start()
+        yield f"remote:{server.url}/{ENV_ID}"
+        server.close()
 
 
 def tiny(env_id: str, steps: int) -> list[str]:

@@ -98,11 +98,13 @@ def _leftovers_of_commands(box: BwrapSandbox) -> list[int]:
 
 
 async def _standby_ready(box: BwrapSandbox, timeout: float = 10.0) -> set[int]:
-    """Wait until the prepared standby has joined the cgroup and its helper shell is waiting (3 processes)."""
+    """Wait until the prepared standby has joined the cgroup and its helper shell is waiting (3 processes, one of
+    them already exec'd into ``/bin/sh -s``: until then bwrap's forked child still shows bwrap's command line)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pids = _standby_pids(box)
-        if len(pids) >= 3 and pids <= set(box.cgroup.pids()):
+        shell_up = any(_cmdline(p)[:2] == ["/bin/sh", "-s"] for p in pids)
+        if len(pids) >= 3 and pids <= set(box.cgroup.pids()) and shell_up:
             return pids
         await asyncio.sleep(0.01)
     raise AssertionError(f"no standby ready: {_standby_pids(box)} vs cgroup {box.cgroup.pids()}")

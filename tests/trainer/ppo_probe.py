@@ -15,8 +15,8 @@ class TwoTurnProbe(AgentEnv):
 
     media_kinds = ()
 
-    def __init__(self) -> None:
-        super().__init__(max_turns=2)
+    def __init__(self, **kwargs) -> None:
+        super().__init__(max_turns=2, **kwargs)
 
     def _reset(self, options):
         return Opening([Message(role="user", content=(TextPart("Say A twice, inside <answer></answer>."),))],

@@ -25,6 +25,8 @@ from relax_gym.cli import app
 
 from .ppo_probe import ENV_ID, TwoTurnProbe
 
+pytestmark = pytest.mark.usefixtures("clean_registry")  # the probe env is gone after each test
+
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa-ppo.yaml"
 CRITIC_METRICS = ("value_loss", "value_clip_frac", "explained_var", "values_mean", "returns_mean", "critic_grad_norm")
 TIMINGS = ("elapsed_s", "rollout_tokens_per_s")

@@ -36,7 +36,7 @@ class BreakdownProbe(AgentEnv):
 
 
 @pytest.mark.timeout(600)
-def test_a_new_envs_reward_components_are_logged_by_name(tmp_path):
+def test_a_new_envs_reward_components_are_logged_by_name(tmp_path, clean_registry):
     relax_gym.register(ENV_ID, BreakdownProbe, override=True)
     run_dir = tmp_path / "run"
     args = ["train", str(RECIPE), "model.base=null", f"env.id={ENV_ID}", "env.kwargs={}", "env.eval_kwargs={}", "trainer.steps=2",
