@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from relax_gym.watchdog import guard
+
 # Display order; scripts not listed here follow in alphabetical order.
 KNOWN_ORDER = ("env_reset", "sandbox", "learning", "agent_learning", "modes", "weight_sync", "databus", "faults", "r3",
                "megatron_step")
@@ -123,6 +125,7 @@ def run_one(name: str, script: Path, *, quick: bool, out_dir: Path, timeout_s: f
     with log_file.open("wb") as log:
         child = subprocess.Popen(cmd, cwd=cwd or script.parent.parent, stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        guard(child)  # a killed `relax-gym bench` takes its benchmark's process group with it
         try:
             code = child.wait(timeout=timeout_s)
             if code != 0:

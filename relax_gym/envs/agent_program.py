@@ -44,6 +44,7 @@ from relax_gym.envs.episode_sandbox import EpisodeSandbox
 from relax_gym.envs.turn_proxy import HistoryRewritten, ProgramExit, TurnProxy
 from relax_gym.omni import Message, TextPart
 from relax_gym.sandbox.spec import SandboxSpec
+from relax_gym.watchdog import guard
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ class AgentProgramEnv(AgentEnv):
             # its own session: on a timeout the whole group goes (the agent's tool processes included)
             proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True)
+            guard(proc)  # its group dies with this process, not only on a timeout
             try:
                 out, err = proc.communicate(timeout=self.program_timeout_s)
                 rc, timed_out = proc.returncode, False

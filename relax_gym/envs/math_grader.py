@@ -19,6 +19,8 @@ import subprocess
 import sys
 import threading
 
+from relax_gym.watchdog import guard
+
 __all__ = ["MathGrader", "equivalent"]
 
 GRADE_TIMEOUT_S = 10.0
@@ -75,6 +77,7 @@ class MathGrader:
             return self._proc
         self._proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.DEVNULL)
+        guard(self._proc)  # a grader stuck in sympy would otherwise outlive a killed trainer
         if self._read_line(self._proc, self.start_timeout_s) != b"ready":
             self._stop()
             raise RuntimeError(f"the math-verify worker ({sys.executable} -c ...) did not start within "

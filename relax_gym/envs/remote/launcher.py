@@ -35,6 +35,7 @@ from relax_gym.envs.manifest import EnvManifest, ManifestError, load_manifest
 from relax_gym.envs.remote.client import RemoteEnv
 from relax_gym.envs.remote.server import TOKEN_VAR
 from relax_gym.envs.remote.wire import encode_value
+from relax_gym.watchdog import guard
 
 # Runs in the child: its own relax_gym if it has one, else ours (appended, so its own packages come first). A spec
 # without an origin is a namespace package (e.g. a folder of data files left by an editable install), not relax_gym.
@@ -161,6 +162,7 @@ def _start(path: Path, m: EnvManifest, kwargs: dict[str, Any]) -> ServerProcess:
         log.flush()
         process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
+    guard(process)
     deadline = time.monotonic() + m.server.startup_timeout_s
     while not ready.is_file():
         code = process.poll()

@@ -17,6 +17,8 @@ from __future__ import annotations
 import multiprocessing as mp
 from typing import Any
 
+from relax_gym.watchdog import guard
+
 __all__ = ["EngineProcess", "spawn_engine"]
 
 
@@ -98,6 +100,7 @@ def spawn_engine(config: Any = None, *, host: str = "127.0.0.1", threads: int | 
     process = ctx.Process(target=_serve_child, args=(config.model_dump_json(), engine_kwargs, host, threads, child),
                           name="relax-engine", daemon=True)
     process.start()
+    guard(process)  # ``daemon`` only covers a normal exit of this process
     child.close()
     if not parent.poll(timeout):
         process.kill()

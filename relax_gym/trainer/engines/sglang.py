@@ -51,6 +51,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from relax_gym.watchdog import guard
+
 __all__ = [
     "LAUNCH_MODULE", "OWNED_FLAGS", "MediaTokens", "SGLangLaunchError", "SGLangProxy", "SGLangServer",
     "SGLangTransport", "launch_command", "launch_sglang", "to_sglang_generate",
@@ -213,6 +215,7 @@ def launch_sglang(model_path: str, *, host: str = "127.0.0.1", port: int = 0, tp
     with open(log, "ab") as sink:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
                                    env=child_env, start_new_session=True)
+    guard(process)  # the server's process group dies with this process, even on SIGKILL
     server = SGLangServer(process, _url(host, port), log, command)
     try:
         _wait_healthy(server, startup_timeout_s)
