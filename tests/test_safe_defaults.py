@@ -61,14 +61,14 @@ def _own_listeners() -> set[tuple[str, int]]:
 
 
 def _outward_address() -> str | None:
-    """This machine's address on its default route, if it has one (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("10.255.255.255", 1))
-            address = probe.getsockname()[0]
-        except OSError:
-            return None
-    return None if _is_loopback(address) else address
+    """An IPv4 address of this machine outside loopback, if it has one (read from its interfaces; nothing is sent)."""
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for a in addresses:
+            if a.family == socket.AF_INET and not _is_loopback(a.address):
+                return a.address
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- engine HTTP server

@@ -4,14 +4,19 @@ metrics.jsonl, and the clear errors of a resume that cannot work."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
 import torch
 
 from relax_gym.trainer.run.checkpoint import (
+    STATE_FILE,
     CheckpointError,
+    CheckpointWriteError,
     TrainerState,
     capture_rng,
     check_cursor,
@@ -94,6 +99,55 @@ def test_latest_checkpoint_ignores_partial_and_foreign_folders(tmp_path):
     (tmp_path / "checkpoints" / "step_000020.partial").mkdir()  # a crash while writing step 20
     (tmp_path / "checkpoints" / "step_000030").mkdir()  # no trainer state: not a checkpoint
     assert latest_checkpoint(tmp_path).name == "step_000010"
+
+
+def _state(step: int) -> TrainerState:
+    return TrainerState(step, step, data_cursor(TrainerSection(), step), capture_rng())
+
+
+def test_a_failed_write_leaves_nothing_and_the_previous_checkpoint_usable(tmp_path, monkeypatch):
+    """Disk full, simulated as torch's writer reports it (a RuntimeError, not an OSError) while writing the
+    trainer state, the last file of a checkpoint; the staged critic part goes too."""
+    actor = TinyActor()
+    save_checkpoint(tmp_path, actor, _state(2))
+    staged = tmp_path / "checkpoints" / "step_000004.critic.staged"
+    staged.mkdir(parents=True)
+    (staged / "value_head.safetensors").write_bytes(b"x")
+    real_save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):
+        if str(f).endswith(STATE_FILE):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(CheckpointWriteError, match=r"step 4 .*RuntimeError.*last complete checkpoint is step_000002"):
+        save_checkpoint(tmp_path, actor, _state(4), parts={"critic": staged})
+    monkeypatch.undo()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000002"]
+    assert latest_checkpoint(tmp_path).name == "step_000002"
+    assert load_checkpoint(latest_checkpoint(tmp_path), TinyActor(seed=1)).step == 2
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="mounting a tmpfs needs root")
+def test_a_really_full_disk_is_a_checkpoint_write_error(tmp_path):
+    """A tmpfs too small for the second checkpoint: the write fails for real (ENOSPC), the first stays usable."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(run_dir)], check=True)
+    try:
+        save_checkpoint(run_dir, TinyActor(), _state(1))
+
+        class BigActor(TinyActor):
+            def save_checkpoint(self, directory):
+                torch.save({"w": torch.zeros(64 * 1024)}, directory / "big.pt")  # 256 KiB
+
+        with pytest.raises(CheckpointWriteError, match="step 2 .*last complete checkpoint is step_000001"):
+            save_checkpoint(run_dir, BigActor(), _state(2))
+        assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000001"]
+        assert load_checkpoint(latest_checkpoint(run_dir), TinyActor(seed=1)).step == 1
+    finally:
+        subprocess.run(["umount", str(run_dir)], check=True)
 
 
 def test_rewind_keeps_warmup_eval_and_steps_up_to_the_checkpoint(tmp_path):

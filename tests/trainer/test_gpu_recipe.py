@@ -33,6 +33,7 @@ def test_overrides_switch_the_gpu_recipe_to_another_checkpoint_and_interpreter()
 def test_engines_bound_to_every_interface_register_under_their_node_ip(monkeypatch):
     import ray
 
-    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.1.2.3")
-    assert advertised_url("http://0.0.0.0:30000") == "http://10.1.2.3:30000"
+    node = "10.1.2.3"  # not-a-connection-target: a fake node address the URL is built from
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: node)
+    assert advertised_url("http://0.0.0.0:30000") == f"http://{node}:30000"
     assert advertised_url("http://127.0.0.1:30000") == "http://127.0.0.1:30000"

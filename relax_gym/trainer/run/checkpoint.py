@@ -38,7 +38,7 @@ import torch
 from relax_gym.trainer.run.seeds import step_seed_base
 
 __all__ = [
-    "CHECKPOINTS", "CRITIC_DIR", "OPTIMIZER_FILE", "part_stage", "REFERENCE_DIR", "STATE_FILE", "CheckpointError", "CheckpointableActor", "ResumePoint",
+    "CHECKPOINTS", "CRITIC_DIR", "OPTIMIZER_FILE", "part_stage", "REFERENCE_DIR", "STATE_FILE", "CheckpointError", "CheckpointWriteError", "CheckpointableActor", "ResumePoint",
     "TrainerState", "capture_rng", "check_cursor", "trainer_state", "checkpoint_dir", "data_cursor", "eval_history", "latest_checkpoint",
     "load_checkpoint", "read_state", "reference_model", "restore_rng", "resume_point", "rewind_metrics", "save_checkpoint",
 ]
@@ -51,6 +51,11 @@ _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or does not fit the config it is resumed with; the message says which."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """Writing a checkpoint failed (e.g. disk full); nothing of it was left behind and the earlier checkpoints are
+    intact. A run reports it (a warning and ``checkpoint_failed`` in the step's row) and goes on training."""
 
 
 @runtime_checkable
@@ -158,18 +163,39 @@ def part_stage(run_dir: Path, step: int, part: str) -> Path:
 def save_checkpoint(run_dir: Path, actor: CheckpointableActor, state: TrainerState,
                     parts: dict[str, Path] | None = None) -> Path:
     """Write the checkpoint of ``state.step`` (model and optimizer by ``actor``, then the trainer state); atomic.
-    ``parts``: finished folders (staged with :func:`part_stage`) moved in under their names, e.g. ``critic``."""
+    ``parts``: finished folders (staged with :func:`part_stage`) moved in under their names, e.g. ``critic``.
+
+    A write that fails (disk full, quota, I/O error: seen as ``OSError``, torch's ``RuntimeError`` or safetensors'
+    error) raises :class:`CheckpointWriteError` after removing what it wrote: the previous checkpoints are untouched
+    and stay the resume point."""
     final = checkpoint_dir(run_dir, state.step)
     partial = final.with_name(final.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    actor.save_checkpoint(partial)
-    _save_optimizer(actor, partial)
-    for name, folder in (parts or {}).items():
-        if not Path(folder).is_dir():
-            raise CheckpointError(f"the checkpoint part {name!r} was to be moved in from {folder}, which does not exist")
-        os.replace(folder, partial / name)
-    torch.save(asdict(state), partial / STATE_FILE)
+    try:
+        partial.mkdir(parents=True)
+        actor.save_checkpoint(partial)
+        _save_optimizer(actor, partial)
+        for name, folder in (parts or {}).items():
+            if not Path(folder).is_dir():
+                raise CheckpointError(f"the checkpoint part {name!r} was to be moved in from {folder}, which does not exist")
+            os.replace(folder, partial / name)
+        torch.save(asdict(state), partial / STATE_FILE)
+    except CheckpointError:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    except Exception as exc:  # a full disk surfaces as OSError, torch's RuntimeError or SafetensorError
+        shutil.rmtree(partial, ignore_errors=True)
+        for folder in (parts or {}).values():
+            shutil.rmtree(folder, ignore_errors=True)
+        previous = latest_checkpoint(run_dir)
+        try:
+            free = f"{shutil.disk_usage(final.parent).free / 2**20:.0f} MiB free there"
+        except OSError:
+            free = "free space unknown"
+        raise CheckpointWriteError(
+            f"the checkpoint of step {state.step} could not be written to {partial} ({type(exc).__name__}: "
+            f"{str(exc)[:300]}; {free}); what was written is removed. The last complete checkpoint is "
+            f"{previous.name if previous else 'none (nothing to resume from yet)'}") from exc
     if final.exists():  # the same step saved again (a replayed step after a rollback): the new one wins
         shutil.rmtree(final)
     os.replace(partial, final)
