@@ -113,6 +113,9 @@ class AgentEnv(gymnasium.Env[list, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
         super().reset(seed=seed)
         opening = self._reset(dict(options or {}))
+        problem = self._observation_problem(opening.messages)
+        if problem is not None:
+            raise ValueError(f"{type(self).__name__}.reset: {problem}")
         self._turn = 0
         self._done = False
         # Drawn from the env's RNG: unique across unseeded resets, reproducible for a given seed.
@@ -135,6 +138,10 @@ class AgentEnv(gymnasium.Env[list, str]):
         except Exception as exc:  # the env failed, not the agent: mask the episode, keep the loop alive
             log.warning("env %s failed in step %d: %r", type(self).__name__, self._turn, exc, exc_info=True)
             return self._finish(Status.ENV_ERROR, self.reward_bounds[0], f"{type(exc).__name__}: {exc}", action)
+        problem = self._observation_problem(out.messages)
+        if problem is not None:  # the env's bug, not the agent's: masked like any env failure, named here
+            log.warning("env %s gave an observation outside its space in step %d: %s", type(self).__name__, self._turn, problem)
+            return self._finish(Status.ENV_ERROR, self.reward_bounds[0], f"{type(self).__name__}.step: {problem}", action)
         self.history.extend(out.messages)
         truncated = not out.terminated and self._turn >= self.max_turns
         self._done = out.terminated or truncated
@@ -185,6 +192,14 @@ class AgentEnv(gymnasium.Env[list, str]):
         if len(action) > self.action_space.max_length:
             return f"action has {len(action)} characters, more than max_action_chars={self.action_space.max_length}"
         return None
+
+    def _observation_problem(self, messages: Any) -> str | None:
+        """Why an observation is outside the env's observation space, naming the part (None when it is inside)."""
+        space = self.observation_space
+        explain = getattr(space, "problem", None)
+        if explain is not None:
+            return explain(list(messages))
+        return None if space.contains(list(messages)) else f"the observation is not within {space!r}"
 
     def _finish(self, status: Status, reward: float, why: str, action: Any) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         self._done = True

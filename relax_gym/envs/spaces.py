@@ -58,14 +58,20 @@ class Conversation(spaces.Space[list]):
         return [Message(role="user", content=(TextPart(text),))]
 
     def contains(self, x: Any) -> bool:
+        return self.problem(x) is None
+
+    def problem(self, x: Any) -> str | None:
+        """Why ``x`` is not in this space, naming the message and part (None when it is)."""
         if not isinstance(x, list):
-            return False
-        for message in x:
+            return f"an observation must be a list of Message, got {type(x).__name__}"
+        for i, message in enumerate(x):
             if not isinstance(message, Message):
-                return False
-            if any(part.kind != "text" and part.kind not in self.media_kinds for part in message.content):
-                return False
-        return True
+                return f"message {i} is a {type(message).__name__}, not a relax_gym.omni.Message"
+            for j, part in enumerate(message.content):
+                if part.kind != "text" and part.kind not in self.media_kinds:
+                    return (f"message {i} ({message.role}), part {j}: an {part.kind} part, but the env declares "
+                            f"media_kinds={self.media_kinds}; add {part.kind!r} to the env's media_kinds")
+        return None
 
     def __repr__(self) -> str:
         return f"Conversation(media_kinds={self.media_kinds})"

@@ -78,6 +78,7 @@ class ToolEnv(AgentEnv):
         self.task: Task | None = None
         self.tool_calls = 0
         self.tool_errors = 0
+        self.tool_crashes = 0  # tool errors that were a tool raising (an env bug), not a bad call
 
     # -- subclass hooks -----------------------------------------------------------------------------------
 
@@ -101,7 +102,7 @@ class ToolEnv(AgentEnv):
     def _reset(self, options: dict[str, Any]) -> Opening:
         self._end_episode()
         self.task = self._make_task(options)
-        self.tool_calls = self.tool_errors = 0
+        self.tool_calls = self.tool_errors = self.tool_crashes = 0
         system = f"{self.system_prompt_head}\n\n{tools_system_prompt(self.toolbox)}" if self.tools_enabled else self.system_prompt_head
         messages = [Message(role="system", content=(TextPart(system),)), Message(role="user", content=tuple(self.task.prompt))]
         return Opening(messages=messages, gold=self._next_gold(), info=dict(self.task.info))
@@ -127,6 +128,7 @@ class ToolEnv(AgentEnv):
             return Outcome([Message(role="user", content=(TextPart(REMINDER),))], 0.0, False, {}, gold=self._next_gold(), info=self._counts())
         messages = []
         waited = 0.0
+        tracebacks = []
         for call in calls[: self.max_calls_per_turn]:
             output = self.toolbox.run(call, ctx=self) if self.tools_enabled else TOOLS_OFF
             if self.tools_enabled and self.tool_latency is not None and self._latency_rng is not None and isinstance(call, ToolCall):
@@ -135,10 +137,15 @@ class ToolEnv(AgentEnv):
                 waited += delay
             self.tool_calls += 1
             self.tool_errors += output.is_error
+            if output.traceback:
+                self.tool_crashes += 1
+                tracebacks.append(output.traceback)
             messages.extend(tool_messages(output, call, media_role=self.media_role))
         if len(calls) > self.max_calls_per_turn:
             messages.append(Message(role="user", content=(TextPart(f"Only the first {self.max_calls_per_turn} tool calls of a turn are run."),)))
         info = self._counts()
+        if tracebacks:  # for check/play and the env author; the model only saw "Error: tool ... failed"
+            info["tool_traceback"] = "\n".join(tracebacks)
         if self.tool_latency is not None:
             info["tool_latency_s"] = waited
         return Outcome(messages, 0.0, False, {}, gold=self._next_gold(), info=info)
@@ -163,4 +170,4 @@ class ToolEnv(AgentEnv):
         return self.task.gold_answer
 
     def _counts(self) -> dict[str, int]:
-        return {"tool_calls": self.tool_calls, "tool_errors": self.tool_errors}
+        return {"tool_calls": self.tool_calls, "tool_errors": self.tool_errors, "tool_crashes": self.tool_crashes}

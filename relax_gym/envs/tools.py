@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import re
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,6 +39,10 @@ from relax_gym.omni.tool_calls import (
     parse_tool_calls,
     tools_instructions,
 )
+from relax_gym.sandbox import SandboxUnavailable
+
+log = logging.getLogger(__name__)
+_REPORTED: set[tuple[str, str]] = set()
 
 __all__ = [
     "BadToolCall", "MediaRole", "Tool", "ToolBox", "ToolCall", "ToolError", "ToolOutput", "parse_tool_calls", "tool",
@@ -60,6 +66,7 @@ class ToolOutput:
     text: str = ""
     parts: list[Part] = field(default_factory=list)
     is_error: bool = False
+    traceback: str = ""  # a tool that raised (a bug, not a ToolError): the traceback, for the env author, never the model
 
 
 @dataclass
@@ -164,8 +171,18 @@ class ToolBox:
             result = found.fn(ctx, **args) if takes_ctx else found.fn(**args)
         except ToolError as exc:
             return ToolOutput(text=f"Error: {exc}", is_error=True)
+        except SandboxUnavailable:  # no sandbox backend on this machine: not the agent's doing nor a tool bug
+            raise
         except Exception as exc:  # a tool bug must not end the episode loop; the model sees a terse error
-            return ToolOutput(text=f"Error: tool {call.name} failed: {type(exc).__name__}: {exc}", is_error=True)
+            tb = traceback.format_exc()
+            if (call.name, type(exc).__name__) not in _REPORTED:  # once per tool and kind of failure per process
+                _REPORTED.add((call.name, type(exc).__name__))
+                where = traceback.extract_tb(exc.__traceback__)[-1]
+                log.warning("tool %s raised %s: %s (at %s:%d; the episode goes on and the model sees an error; later "
+                            "failures of this kind are only counted, in tool_crashes)", call.name, type(exc).__name__,
+                            exc, where.filename, where.lineno)
+            return ToolOutput(text=f"Error: tool {call.name} failed: {type(exc).__name__}: {exc}", is_error=True,
+                              traceback=tb)
         try:
             output = _as_output(result)
         except TypeError as exc:

@@ -146,6 +146,11 @@ class Message:
             object.__setattr__(self, "content", (TextPart(self.content),))
         else:
             object.__setattr__(self, "content", tuple(self.content))
+        for i, part in enumerate(self.content):
+            if not isinstance(part, PART_TYPES):
+                raise TypeError(f"{self.role} message, content[{i}]: a {type(part).__module__}.{type(part).__name__} is "
+                                f"not a part; wrap text in TextPart(...) and media with ImagePart.of(...), "
+                                f"VideoPart.of(frames, fps_of_array=...) or AudioPart.of(wave, rate_of_array=...)")
 
     @property
     def text(self) -> str:
@@ -154,6 +159,9 @@ class Message:
 
     def media(self) -> list[MediaPart]:
         return [p for p in self.content if not isinstance(p, TextPart)]
+
+
+PART_TYPES = (TextPart, ImagePart, VideoPart, AudioPart)
 
 
 def media_parts(messages: list[Message] | tuple[Message, ...]) -> list[MediaPart]:
