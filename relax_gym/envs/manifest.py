@@ -4,7 +4,8 @@ Either ``entry_point`` names an ``AgentEnv`` subclass (``"my_pkg.envs:MyEnv"``),
 gives ``[dataset]`` (+ optional ``[reward]``) and uses the built-in multiple-choice env. ``[kwargs]`` are passed to
 the constructor. A malformed file raises :class:`ManifestError` naming the file and the field.
 
-``[reward]`` is either the multiple-choice weights of a data env (``accuracy = 0.9``, ``format = 0.1``) or, for any
+``[reward]`` is either the accuracy/format weights (``accuracy = 0.9``, ``format = 0.1``: a data env's multiple-choice
+reward, or a code env's ``accuracy_weight`` / ``format_weight`` constructor arguments, as tool envs take) or, for any
 env, a rubric: ``[[reward.parts]]`` tables (``name``, ``kind``, ``rule``, ``weight``, ``template``, ...; see
 :class:`~relax_gym.envs.rubric.RubricPart` and docs/rubrics.md) that replace the env's own terminal reward.
 
@@ -157,9 +158,10 @@ class EnvManifest(BaseModel):
     def _kind(self) -> EnvManifest:
         if self.entry_point is None and self.dataset is None and not (self.server and self.server.url):
             raise ValueError("give either entry_point or a [dataset] table")
-        if self.reward is not None and self.reward.parts is None and self.dataset is None:
+        if self.reward is not None and self.reward.parts is None and self.dataset is None and self.entry_point is None:
             raise ValueError("[reward] accuracy/format weights apply to data environments (those with a [dataset] "
-                             "table); give any other env a rubric: [[reward.parts]] tables (docs/rubrics.md)")
+                             "table) and to code envs (entry_point) whose constructor takes accuracy_weight / "
+                             "format_weight; give any other env a rubric: [[reward.parts]] tables (docs/rubrics.md)")
         if self.reward is not None and self.server is not None and self.server.url:
             raise ValueError("[reward] cannot score an env served at a url: its server applies its own manifest")
         return self
@@ -176,8 +178,12 @@ class EnvManifest(BaseModel):
         if self.dataset is not None:
             kwargs["dataset"] = self.dataset.model_dump()
         mcq = self.reward.weights_reward() if self.reward is not None else None
-        if mcq is not None:
+        if mcq is not None and self.dataset is not None:
             kwargs["reward"] = mcq.model_dump()
+        elif self.reward is not None and self.reward.parts is None:  # a code env: its constructor's weight arguments
+            for name in ("accuracy", "format"):
+                if getattr(self.reward, name) is not None:
+                    kwargs[f"{name}_weight"] = getattr(self.reward, name)
         if self.sandbox is not None:
             kwargs["sandbox"] = self.sandbox.model_dump()
         return kwargs

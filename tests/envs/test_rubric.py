@@ -428,10 +428,28 @@ def test_a_rubric_needing_a_field_the_env_lacks_names_manifest_and_field(tmp_pat
     assert result.exit_code == 1 and "FAIL" in result.output and "[reward]" in result.output
 
 
+def test_reward_weights_of_a_code_env_go_to_its_constructor(tmp_path, monkeypatch, clean_registry):
+    write(tmp_path / "weighted", '''
+        id = "tool-use-weighted"
+        entry_point = "relax_gym.envs.tool_use:ToolUseEnv"
+        [reward]
+        accuracy = 0.5
+        format = 0.5
+    ''')
+    assert load_manifest(tmp_path / "weighted").constructor_kwargs() == {"accuracy_weight": 0.5, "format_weight": 0.5}
+    monkeypatch.setenv("RELAX_GYM_ENV_PATH", str(tmp_path))
+    discover(force=True)
+    env = relax_gym.make("tool-use-weighted")
+    try:
+        assert env.unwrapped.weights == (0.5, 0.5)
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize(
     "text, field, reason",
     [
-        ('entry_point = "a.b:C"\n[reward]\naccuracy = 1.0\n', None, "apply to data environments"),
+        ('[server]\nurl = "http://127.0.0.1:9"\n[reward]\naccuracy = 1.0\n', None, "apply to data environments"),
         ('entry_point = "a.b:C"\n[reward]\naccuracy = 1.0\n[[reward.parts]]\nname = "format"\n', "reward", "not both"),
         ('entry_point = "a.b:C"\n[reward]\n', "reward", "give the accuracy/format weights"),
         ('entry_point = "a.b:C"\n[[reward.parts]]\nname = "acc"\nrule = "nope"\n', "reward.parts.0", "unknown rule"),
@@ -452,7 +470,7 @@ def test_bad_reward_tables_name_file_and_field(tmp_path, text, field, reason):
 
 
 def test_cli_errors_keep_their_brackets(tmp_path, monkeypatch):
-    path = write(tmp_path / "bad", 'id = "bad"\nentry_point = "a.b:C"\n[reward]\naccuracy = 1.0\n')
+    path = write(tmp_path / "bad", 'id = "bad"\n[server]\nurl = "http://127.0.0.1:9"\n[reward]\naccuracy = 1.0\n')
     monkeypatch.setenv("RELAX_GYM_ENV_PATH", str(tmp_path))
     from relax_gym.cli import _fail, err_console
 
