@@ -157,16 +157,26 @@ def envs_play(
         kwargs["data_dir"] = str(data_dir)
     if split is not None:
         kwargs["split"] = split
+    import numpy as np
+
+    from relax_gym.envs.random_policy import RandomPolicy
+
     env = _make(env_id, kwargs)
     env.action_space.seed(seed)
+    randomly = RandomPolicy(np.random.default_rng(seed))
+    # one text stream for the whole command: wrapping stdin again per answer would drop what the previous wrapper
+    # had buffered (piped answers after the first line)
+    stdin = typer.get_text_stream("stdin") if policy is Policy.stdin else None
     total = 0.0
     for episode in range(episodes):
         obs, info = env.reset(seed=seed + episode)
-        console.rule(f"{env_id} episode {episode} (seed {seed + episode}, {info.get('origin', '')})")
+        origin = f", {info['origin']}" if info.get("origin") else ""
+        console.rule(escape(f"{env_id} episode {episode} (seed {seed + episode}{origin})"))
         _print_messages(obs)
+        conversation = list(obs)
         done, ret = False, 0.0
         while not done:
-            action = _choose(policy, env, info)
+            action = _choose(policy, env, info, conversation, randomly, stdin)
             console.print("[bold cyan]assistant:[/] " + escape(action))
             try:
                 obs, reward, terminated, truncated, info = env.step(action)
@@ -174,6 +184,9 @@ def envs_play(
                 raise _fail(str(exc)) from None
             _print_messages(obs)
             _print_tool_results(obs)
+            conversation += obs
+            if info.get("tool_traceback"):  # a tool raised: the env author's bug, shown with its traceback
+                console.print("[red]a tool raised:[/]\n" + escape(info["tool_traceback"]))
             ret += reward
             done = terminated or truncated
             console.print(f"reward {reward:.3f}  breakdown {info.get('reward_breakdown')}  status {info['status']}"
@@ -231,15 +244,15 @@ def envs_serve(
         server.close()
 
 
-def _choose(policy: Policy, env, info: dict[str, Any]) -> str:
+def _choose(policy: Policy, env, info: dict[str, Any], conversation: list, random_policy, stdin) -> str:
     if policy is Policy.gold:
         return info["gold"]
     if policy is Policy.random:
-        letters = "ABCDE"
-        pick = letters[int(env.unwrapped.np_random.integers(len(letters)))]
-        return f"<think>guessing</think><answer>{pick}</answer>"
+        return random_policy.act(env, conversation)
     console.print("[dim]your answer (one line):[/] ", end="")
-    line = typer.get_text_stream("stdin").readline()
+    line = stdin.readline()
+    if not line:
+        raise _fail("stdin ended before the episode did", 1)
     return line.rstrip("\n")
 
 
@@ -418,8 +431,6 @@ def train(
     `relax-gym train --resume RUN_DIR [overrides]` continues an interrupted run where its last checkpoint left it."""
     import time
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from relax_gym.trainer.config import ConfigError, load_recipe
     from relax_gym.trainer.train import build_trainer
 
@@ -440,30 +451,18 @@ def train(
     except ConfigError as exc:
         raise _fail(str(exc), 2) from None
     run_dir = run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
-    with Progress(*columns, console=console) as progress:
-        base = progress.add_task(f"base {cfg.model.base}", total=None, info="", visible=False)
-        sft = progress.add_task("sft warm-up", total=cfg.trainer.sft_warmup_steps, info="")
-        rl = progress.add_task("rl", total=cfg.trainer.steps, info="", start=False)
+    from relax_gym.cli_progress import TrainProgress
+
+    shown = TrainProgress(console, steps=cfg.trainer.steps, sft_steps=cfg.trainer.sft_warmup_steps,
+                          budget_s=cfg.trainer.time_budget_s, eval_every=cfg.trainer.eval_every,
+                          base_name=cfg.model.base)
+    with shown:
 
         def on_event(event: str, data: dict) -> None:
-            if event == "base_step":  # model.base is being built (once; then it comes from the cache)
-                progress.update(base, visible=True, total=data["of"], completed=data["step"], info=f"nll {data['sft_nll']:.3f}")
-            elif event == "base":
+            if event == "base":
                 console.print(_base_line(data))
-            elif event == "sft":
-                progress.update(sft, completed=data["step"], info=f"nll {data['sft_nll']:.3f}")
-            elif event == "eval":
-                parts = [f"{k[len('eval_'):]} {v:.3f}" for k, v in data.items()  # the reward and its components
-                         if k.startswith("eval_") and k not in ("eval_failed", "eval_tool_calls", "eval_policy_version")
-                         and isinstance(v, (int, float))]
-                console.print(f"eval at step {data['step']}: " + " ".join(parts))
-            elif event == "step":
-                progress.start_task(rl)
-                progress.update(rl, completed=data["step"], info=(
-                    f"reward {data['reward_mean']:.3f} eval {data['eval_reward']:.3f} "
-                    f"{data['time_step_s']:.1f} s/step {data['rollout_tokens_per_s']:.0f} tok/s"))
+            else:
+                shown.on_event(event, data)
 
         from relax_gym.trainer.faults.schedule import InjectedCrash
         from relax_gym.trainer.run.checkpoint import CheckpointError

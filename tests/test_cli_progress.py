@@ -1,0 +1,84 @@
+"""``relax-gym train``'s progress display (relax_gym/cli_progress.py): plain lines in a log that is not a terminal
+(every N steps, with the figures, the ETA and the next eval; eval results as lines), bars in a terminal with log
+records printed above them, and no Hugging Face progress bars."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+from rich.console import Console
+
+from relax_gym.cli_progress import TrainProgress, eval_line, format_eta
+
+
+def _log_console() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, force_terminal=False, width=300), out
+
+
+def _row(step: int, **extra) -> dict:
+    return {"step": step, "reward_mean": 0.25, "accuracy_mean": 0.5, "eval_reward": 0.3, "time_step_s": 2.0,
+            "elapsed_s": 2.0 * step, **extra}
+
+
+def test_a_log_gets_one_line_every_n_steps_with_eta_and_next_eval():
+    console, out = _log_console()
+    with TrainProgress(console, steps=100, sft_steps=0, budget_s=None, eval_every=25) as shown:
+        for step in range(1, 101):
+            shown.on_event("step", _row(step))
+            if step == 25:
+                shown.on_event("eval", {"step": 25, "eval_reward": 0.41, "eval_accuracy": 0.4, "eval_failed": 0})
+    lines = out.getvalue().splitlines()
+    step_lines = [line for line in lines if line.startswith("step ")]
+    assert [line.split(":")[0] for line in step_lines] == [f"step {s}/100" for s in (1, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55,
+                                                                                  60, 65, 70, 75, 80, 85, 90, 95, 100)]
+    assert step_lines[1] == "step 5/100: reward 0.250 accuracy 0.500 eval 0.300 2.0 s/step ETA 3m10s next eval at step 25"
+    assert "eval at step 25: reward 0.410 accuracy 0.400" in lines  # as it happens, between the step lines
+    assert "\x1b" not in out.getvalue() and "━" not in out.getvalue()  # no colour codes, no bars
+
+
+def test_the_eta_is_the_time_budget_when_that_ends_the_run_first():
+    console, _ = _log_console()
+    shown = TrainProgress(console, steps=1500, sft_steps=0, budget_s=600.0, eval_every=50)
+    shown.on_event("step", _row(10, elapsed_s=100.0))  # 1490 steps x 2 s = 50 min, but 500 s of budget left
+    assert shown.eta_s(10, 100.0) == 500.0 and format_eta(500.0) == "8m20s"
+    assert format_eta(3 * 3600 + 65) == "3h01m" and format_eta(None) == "?"
+
+
+def test_sft_and_base_progress_are_a_few_lines_in_a_log():
+    console, out = _log_console()
+    with TrainProgress(console, steps=10, sft_steps=40, budget_s=None, eval_every=5, base_name="tiny-omni") as shown:
+        for step in range(1, 41):
+            shown.on_event("sft", {"step": step, "sft_nll": 1.0 / step})
+        for step in range(1, 101):
+            shown.on_event("base_step", {"step": step, "of": 100, "sft_nll": 2.0})
+    lines = out.getvalue().splitlines()
+    assert len([line for line in lines if line.startswith("sft warm-up")]) == 6  # 1, 8, 16, 24, 32, 40
+    assert len([line for line in lines if line.startswith("base tiny-omni build")]) == 10
+
+
+def test_in_a_terminal_log_records_print_above_the_bars_and_handlers_come_back():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    root = logging.getLogger()
+    before = list(root.handlers)
+    with TrainProgress(console, steps=3, sft_steps=0, budget_s=None, eval_every=0) as shown:
+        logging.getLogger("relax_gym.test").warning("a warning during the run")
+        shown.on_event("step", _row(1))
+    assert "a warning during the run" in out.getvalue()
+    assert root.handlers == before
+
+
+def test_hugging_face_bars_are_off_during_a_run():
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()
+    console, _ = _log_console()
+    with TrainProgress(console, steps=1, sft_steps=0, budget_s=None, eval_every=0):
+        assert not hf_logging.is_progress_bar_enabled()
+
+
+def test_eval_line_keeps_the_reward_and_its_components_only():
+    assert eval_line({"step": 0, "eval_reward": 0.5, "eval_format": 1.0, "eval_policy_version": 3,
+                      "eval_failed": 0, "eval_note": "x"}) == "eval at step 0: reward 0.500 format 1.000"

@@ -1,0 +1,67 @@
+"""``relax-gym envs play``: piped answers all arrive, the header names only what it knows, the random policy plays by
+the env's options and tools, and a tool that raises is shown with its traceback."""
+
+from __future__ import annotations
+
+import numpy as np
+from typer.testing import CliRunner
+
+import relax_gym
+from relax_gym.cli import app
+from relax_gym.envs.random_policy import RandomPolicy, listed_options
+from relax_gym.envs.tools import parse_tool_calls
+from relax_gym.omni import Message, TextPart
+
+from .envs.test_check_errors import BrokenCalculator
+
+runner = CliRunner()
+
+
+def test_piped_answers_reach_every_turn():
+    result = runner.invoke(app, ["envs", "play", "nextqa-video", "--policy", "stdin", "--episodes", "3"],
+                           input="<answer>A</answer>\n<answer>B</answer>\n<answer>C</answer>\n")
+    assert result.exit_code == 0, result.output
+    answers = [line.split("assistant: ", 1)[1] for line in result.output.splitlines() if "assistant: " in line]
+    assert answers == ["<answer>A</answer>", "<answer>B</answer>", "<answer>C</answer>"]
+
+
+def test_stdin_that_ends_early_is_an_error_not_a_loop():
+    result = runner.invoke(app, ["envs", "play", "nextqa-video", "--policy", "stdin", "--episodes", "2"],
+                           input="<answer>A</answer>\n")
+    assert result.exit_code == 1 and "stdin ended before the episode did" in result.output
+
+
+def test_the_header_leaves_out_an_origin_the_env_does_not_give():
+    result = runner.invoke(app, ["envs", "play", "image-zoom", "--seed", "2"])
+    assert result.exit_code == 0, result.output
+    assert "image-zoom episode 0 (seed 2)" in result.output and "(seed 2, )" not in result.output
+
+
+def test_options_are_read_from_the_prompt():
+    listing = Message("user", (TextPart("Which?\nOptions:\nA. left\nB. right\n(C) up"),))
+    assert listed_options([listing, Message("assistant", (TextPart("A. not a user line"),))]) == ["A", "B", "C"]
+    assert listed_options([Message("user", (TextPart("no options here"),))]) == []
+
+
+def test_the_random_policy_answers_among_the_options_and_calls_the_envs_tools():
+    env = relax_gym.make("image-zoom")
+    try:
+        obs, _ = env.reset(seed=0)
+        policy = RandomPolicy(np.random.default_rng(0))
+        actions = [policy.act(env, obs) for _ in range(40)]
+    finally:
+        env.close()
+    calls = [c for a in actions for c in parse_tool_calls(a)]
+    answers = {a.split("<answer>")[1][0] for a in actions if "<answer>" in a}
+    assert 10 <= len(calls) <= 30 and answers <= {"A", "B", "C", "D"} and len(answers) >= 3
+    toolbox = env.unwrapped.toolbox
+    for call in calls:  # every call names a real tool with arguments its schema accepts
+        assert call.name == "zoom"
+        toolbox.tools["zoom"].validate(call.arguments)
+
+
+def test_play_shows_a_raising_tools_traceback(clean_registry):
+    relax_gym.register("broken-calculator", BrokenCalculator)
+    result = runner.invoke(app, ["envs", "play", "broken-calculator"])
+    assert result.exit_code == 0, result.output
+    assert "a tool raised:" in result.output and "ZeroDivisionError: division by zero" in result.output
