@@ -1,23 +1,29 @@
 """DCS push bandwidth against a loopback floor, measured in the same run.
 
 An actor process (this one) pushes a random policy of ~140 MiB (``--quick``: ~55 MiB) to an embedded engine in a
-child process with :class:`~relax_gym.trainer.dcs.DCSClient`, once per transport:
+child process with :class:`~relax_gym.trainer.dcs.DCSClient`, once per path:
 
-- ``tcp``: gloo broadcast bucket by bucket (``flattened_bucket``: one payload per bucket);
+- ``tcp``: gloo broadcast, pipelined (the actor flattens bucket i+1 while bucket i is on the wire) and staged (the
+  engine receives every bucket while it keeps generating, then is paused only to swap them in);
+- ``tcp (unstaged)``: the same broadcast with the engine paused for every bucket (what an SGLang engine gets);
 - ``disk``: safetensors shards written to a temporary directory, then ``/update_weights_from_disk``.
 
-Each push is the whole sequence an RL step pays (stage, pause, load, flush, continue, version check); the first
-push per transport is a warm-up (it forms the process group) and is not counted; the figure is the median of
-the others. After the pushes the engine's weights are checked bit for bit (SHA-256 per tensor) against the actor's.
+Each push is the whole sequence an RL step pays (stage, pause, load, flush, continue, version check). The first two
+pushes per path are warm-ups, not counted: the first forms the process group, and a staging engine fills its two
+sets of buffers once (they then take turns, push after push). After the pushes the engine's weights are checked
+bit for bit (SHA-256 per tensor) against the actor's.
 
 The floor is a raw socket: the same number of bytes sent over loopback TCP to another process that reads them
-into a preallocated buffer and acknowledges (median of the same number of repeats). ``vs floor`` is the push's
-bandwidth over the floor's: what the protocol, the engine's copy into its model and the HTTP round trips cost.
+into a preallocated buffer and acknowledges. ``vs floor`` is a push's bandwidth over the floor's: what the
+protocol, the engine's handling and the HTTP round trips cost. The measurement runs ``rounds`` times (3); in each
+round every path times ``repeats`` pushes right after ``repeats`` floor transfers, and ``vs floor`` is the median
+of the rounds' ratios (each ratio is taken over a few seconds, so load that comes and goes on a shared machine
+moves both of its sides alike). ``paused_s`` is how long the engine did not generate per push (pause call to
+resume), the cost a push puts on rollouts.
 
-Run: ``python benchmarks/weight_sync.py [--quick] [--repeats 3] [--bucket-mb 64]``; ``run(quick=False)`` returns
-the figures as a dict. ``seconds`` and each phase are medians taken separately, so the phases need not add up
-to ``seconds`` exactly. On a shared machine the figures move with the load; the ratio to the floor, measured in
-the same run, is the one to compare.
+Run: ``python benchmarks/weight_sync.py [--quick] [--repeats 3] [--rounds 3] [--bucket-mb 64]``;
+``run(quick=False)`` returns the figures as a dict. ``seconds`` and each phase are medians taken separately, so
+the phases need not add up to ``seconds`` exactly.
 """
 
 from __future__ import annotations
@@ -75,11 +81,18 @@ def loopback_floor(payload: memoryview, rounds: int) -> list[float]:
     return times
 
 
-def run(quick: bool = False, *, repeats: int | None = None, bucket_mb: float = 64.0) -> dict[str, Any]:
-    """Measure and return ``{"model_mib", "bytes", "bucket_mb", "repeats", "floor": {...}, "tcp": {...},
-    "disk": {...}}``; each entry has ``seconds`` (median), ``mib_per_s`` and, for the transports, ``vs_floor``,
-    ``buckets``, ``phases`` (median seconds per step) and ``verified`` (bit-identical weights after the push)."""
-    from relax_gym.trainer.dcs import DCSClient, DCSCoordinator, checkpoint_names
+PATHS = {"tcp": ("tcp", None), "tcp_unstaged": ("tcp", False), "disk": ("disk", None)}  # key: (transport, staged)
+LABELS = {"tcp": "DCS tcp", "tcp_unstaged": "DCS tcp (unstaged)", "disk": "DCS disk"}
+WARMUP = 2
+
+
+def run(quick: bool = False, *, repeats: int | None = None, rounds: int = 3, bucket_mb: float = 64.0) -> dict[str, Any]:
+    """Measure and return ``{"model_mib", "bytes", "bucket_mb", "repeats", "rounds", "floor": {...}, "tcp": {...},
+    "tcp_unstaged": {...}, "disk": {...}}``. Each entry has ``seconds`` (median), ``mib_per_s`` and, for the
+    paths, ``vs_floor`` (median of the rounds' ratios), ``vs_floor_rounds``, ``paused_s`` (median seconds the
+    engine was paused per push), ``buckets``, ``phases`` (median seconds per step) and ``verified``
+    (bit-identical weights after the pushes)."""
+    from relax_gym.trainer.dcs import DCSClient, DCSCoordinator, WeightMetadata, checkpoint_names
     from relax_gym.trainer.engines.client import EngineClient
     from relax_gym.trainer.engines.process import spawn_engine
     from relax_gym.trainer.dcs.group import GroupReceiver, flatten_tensors, tensor_digest
@@ -89,35 +102,54 @@ def run(quick: bool = False, *, repeats: int | None = None, bucket_mb: float = 6
     sizes = (dict(hidden_size=768, intermediate_size=2048, num_layers=2, num_heads=12, num_kv_heads=4) if quick else
              dict(hidden_size=1024, intermediate_size=2816, num_layers=3, num_heads=16, num_kv_heads=4))
     engine = spawn_engine(PolicyConfig(seed=0, **sizes), threads=1, weight_receiver=GroupReceiver())
+    clients: dict[str, Any] = {}
     try:
         model, _ = build_policy(PolicyConfig(seed=1, **sizes))
         names = checkpoint_names(model)
         state = model.state_dict()
-        results: dict[str, Any] = {"bucket_mb": bucket_mb, "repeats": repeats}
-        for transport in ("tcp", "disk"):
-            coordinator = DCSCoordinator([engine.url], bucket_mb=bucket_mb, transport=transport)
-            with DCSClient(coordinator, names=names) as dcs:
-                reports = [dcs.push(_perturbed(state, k), version=f"{transport}-{k}") for k in range(repeats + 1)]
-            meta = coordinator.weights
-            pushed = {names.get(k, k): t for k, t in _perturbed(state, repeats).items()}
-            with EngineClient(engine.url) as client:
-                remote = client.weights_checksum(meta.names)
-            timed = reports[1:]  # the first push forms the group / warms the caches
-            seconds = statistics.median(r.seconds for r in timed)
-            results["bytes"] = meta.nbytes
-            results[transport] = {
-                "seconds": seconds, "mib_per_s": meta.nbytes / MIB / seconds, "buckets": reports[-1].buckets,
-                "phases": {p: statistics.median(r.phases[p] for r in timed) for p in timed[0].phases},
-                "verified": all(remote[n] == tensor_digest(pushed[n]) for n in meta.names),
+        coordinators = {key: DCSCoordinator([engine.url], bucket_mb=bucket_mb, transport=transport)
+                        for key, (transport, _) in PATHS.items()}
+        clients = {key: DCSClient(coordinators[key], names=names, staged=staged) for key, (_, staged) in PATHS.items()}
+        timed: dict[str, list[Any]] = {key: [] for key in PATHS}
+        ratios: dict[str, list[float]] = {key: [] for key in PATHS}
+        floors: list[float] = []
+        verified = {key: True for key in PATHS}
+        sent = _perturbed(state, 0)  # what a push sends (perturbed copies: tied tensors no longer share storage)
+        by_name = {names.get(k, k): t for k, t in sent.items()}
+        payload = flatten_tensors([by_name[n] for n in WeightMetadata.from_state_dict(sent, names).names]).numpy()
+        for r in range(rounds):
+            for key, dcs in clients.items():
+                floor = statistics.median(loopback_floor(memoryview(payload), repeats))  # right before: same load
+                floors.append(floor)
+                pushes = (WARMUP if r == 0 else 0) + repeats
+                reports = [dcs.push(_perturbed(state, k), version=f"{key}-{r}-{k}") for k in range(pushes)]
+                timed[key].extend(reports[-repeats:])
+                ratios[key].append(floor / statistics.median(rep.seconds for rep in reports[-repeats:]))
+                meta = coordinators[key].weights
+                pushed = {names.get(k, k): t for k, t in _perturbed(state, pushes - 1).items()}
+                with EngineClient(engine.url) as client:
+                    remote = client.weights_checksum(meta.names)
+                verified[key] &= all(remote[n] == tensor_digest(pushed[n]) for n in meta.names)
+        if payload.nbytes != coordinators["tcp"].weights.nbytes:
+            raise RuntimeError(f"the floor moved {payload.nbytes} bytes, a push {coordinators['tcp'].weights.nbytes}")
+        nbytes = coordinators["tcp"].weights.nbytes
+        results: dict[str, Any] = {"bucket_mb": bucket_mb, "repeats": repeats, "rounds": rounds, "bytes": nbytes,
+                                   "model_mib": nbytes / MIB}
+        floor = statistics.median(floors)
+        results["floor"] = {"seconds": floor, "mib_per_s": nbytes / MIB / floor, "rounds_s": floors}
+        for key, reports in timed.items():
+            seconds = statistics.median(rep.seconds for rep in reports)
+            results[key] = {
+                "seconds": seconds, "mib_per_s": nbytes / MIB / seconds, "buckets": reports[-1].buckets,
+                "vs_floor": statistics.median(ratios[key]), "vs_floor_rounds": ratios[key],
+                "paused_s": statistics.median(rep.paused_seconds for rep in reports),
+                "phases": {p: statistics.median(rep.phases[p] for rep in reports) for p in reports[0].phases},
+                "verified": verified[key],
             }
-        results["model_mib"] = results["bytes"] / MIB
-        payload = flatten_tensors([pushed[n] for n in meta.names]).numpy()
-        floor = statistics.median(loopback_floor(memoryview(payload), repeats))
-        results["floor"] = {"seconds": floor, "mib_per_s": results["bytes"] / MIB / floor}
-        for transport in ("tcp", "disk"):
-            results[transport]["vs_floor"] = results[transport]["mib_per_s"] / results["floor"]["mib_per_s"]
         return results
     finally:
+        for dcs in clients.values():
+            dcs.close()
         engine.stop()
 
 
@@ -131,27 +163,31 @@ def print_table(results: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"DCS push, {results['model_mib']:.1f} MiB, buckets of {results['bucket_mb']:g} MiB, "
-                        f"median of {results['repeats']}")
-    for column in ("path", "seconds", "MiB/s", "vs floor", "buckets", "stage / pause / load / resume s", "bit-identical"):
-        table.add_column(column, justify="right" if column not in ("path",) else "left")
+                        f"median of {results['rounds']} rounds x {results['repeats']} pushes")
+    for column in ("path", "seconds", "MiB/s", "vs floor", "vs floor per round", "paused s", "buckets",
+                   "stage / pause / load / resume s", "bit-identical"):
+        table.add_column(column, justify="left" if column == "path" else "right")
     floor = results["floor"]
-    table.add_row("loopback socket (floor)", f"{floor['seconds']:.3f}", f"{floor['mib_per_s']:.0f}", "1.00", "-", "-", "-")
-    for transport in ("tcp", "disk"):
-        r = results[transport]
+    table.add_row("loopback socket (floor)", f"{floor['seconds']:.3f}", f"{floor['mib_per_s']:.0f}", "1.00", "-", "-", "-",
+                  "-", "-")
+    for key, label in LABELS.items():
+        r = results[key]
         phases = r["phases"]
-        table.add_row(f"DCS {transport}", f"{r['seconds']:.3f}", f"{r['mib_per_s']:.0f}", f"{r['vs_floor']:.2f}",
-                      str(r["buckets"]), " / ".join(f"{phases[p]:.3f}" for p in ("stage", "pause", "load", "resume")),
+        table.add_row(label, f"{r['seconds']:.3f}", f"{r['mib_per_s']:.0f}", f"{r['vs_floor']:.2f}",
+                      " ".join(f"{x:.2f}" for x in r["vs_floor_rounds"]), f"{r['paused_s']:.3f}", str(r["buckets"]),
+                      " / ".join(f"{phases[p]:.3f}" for p in ("stage", "pause", "load", "resume")),
                       "yes" if r["verified"] else "NO")
-    Console(width=140).print(table)
+    Console(width=160).print(table)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a ~55 MiB model and 2 repeats")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of pushes + floor; vs floor is their median")
     parser.add_argument("--bucket-mb", type=float, default=64.0)
     args = parser.parse_args()
-    print_table(run(args.quick, repeats=args.repeats, bucket_mb=args.bucket_mb))
+    print_table(run(args.quick, repeats=args.repeats, rounds=args.rounds, bucket_mb=args.bucket_mb))
 
 
 if __name__ == "__main__":

@@ -70,11 +70,18 @@ def _make(env_id: str, kwargs: dict[str, Any]):
 def envs_list() -> None:
     """List registered environments (and manifests that failed to load)."""
     registry = _registry()
-    table = Table("id", "modalities", "source", box=None)
-    for env_id in registry.list_envs():
-        s = registry.spec(env_id)
-        table.add_row(env_id, ",".join(s.modalities), _short_path(s.source))
-    console.print(table)
+    rows = [(env_id, ",".join(registry.spec(env_id).resolved_modalities()), _short_path(registry.spec(env_id).source))
+            for env_id in registry.list_envs()]
+    if console.is_terminal:
+        table = Table("id", "modalities", "source", box=None)
+        for row in rows:
+            table.add_row(*row, style=None)
+        table.columns[2].overflow = "fold"  # a long path wraps within its column instead of being cut
+        console.print(table)
+    else:  # a pipe or a log (any width): aligned columns, nothing cut
+        widths = [max(len(r[i]) for r in [("id", "modalities", "source"), *rows]) for i in range(2)]
+        for row in [("id", "modalities", "source"), *rows]:
+            console.print(escape(f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]}"), soft_wrap=True)
     errors = registry.discovery_errors()
     for e in errors:
         err_console.print("[red]failed to load:[/] " + escape(e))
@@ -148,6 +155,8 @@ def envs_play(
     seed: int = 0,
     data_dir: Annotated[Path | None, typer.Option(help="real dataset folder")] = None,
     split: Annotated[str | None, typer.Option(help="dataset split")] = None,
+    media_dir: Annotated[Path | None, typer.Option(help="also save every image, clip (WebM) and sound (WAV) shown "
+                                                        "here as files to open, and print their paths")] = None,
 ) -> None:
     """Play episodes and print the conversation (media summarised: shape, duration, fps) and rewards."""
     from relax_gym.envs import RubricError
@@ -164,6 +173,11 @@ def envs_play(
     env = _make(env_id, kwargs)
     env.action_space.seed(seed)
     randomly = RandomPolicy(np.random.default_rng(seed))
+    media = None
+    if media_dir is not None:
+        from relax_gym.trainer.run.rollout_records import MediaStore
+
+        media = MediaStore(media_dir, budget_bytes=1 << 40)
     # one text stream for the whole command: wrapping stdin again per answer would drop what the previous wrapper
     # had buffered (piped answers after the first line)
     stdin = typer.get_text_stream("stdin") if policy is Policy.stdin else None
@@ -172,7 +186,7 @@ def envs_play(
         obs, info = env.reset(seed=seed + episode)
         origin = f", {info['origin']}" if info.get("origin") else ""
         console.rule(escape(f"{env_id} episode {episode} (seed {seed + episode}{origin})"))
-        _print_messages(obs)
+        _print_messages(obs, media)
         conversation = list(obs)
         done, ret = False, 0.0
         while not done:
@@ -182,7 +196,7 @@ def envs_play(
                 obs, reward, terminated, truncated, info = env.step(action)
             except RubricError as exc:
                 raise _fail(str(exc)) from None
-            _print_messages(obs)
+            _print_messages(obs, media)
             _print_tool_results(obs)
             conversation += obs
             if info.get("tool_traceback"):  # a tool raised: the env author's bug, shown with its traceback
@@ -292,11 +306,16 @@ def _media_brief(part) -> str:
     return f"audio {start:.2f}-{start + a.duration_s:.2f} s ({a.duration_s:.2f} s @ {a.sample_rate} Hz)"
 
 
-def _print_messages(messages) -> None:
+def _print_messages(messages, media=None) -> None:
+    """Each message's parts: text as it is, media summarised (size, frames, span); with ``media`` (a MediaStore,
+    ``envs play --media-dir``) each media part is also saved as a file you can open, and its path printed."""
     for m in messages:
         console.print(f"[bold]{m.role}:[/]")
         for part in m.content:
             text = part.summary() if part.kind != "text" else part.text.replace("\n", "\n  ")
+            if media is not None and part.kind != "text":
+                entry = media.put(part)
+                text += f" -> {media.run_dir / entry['url']}" if "url" in entry else f" ({entry['omitted']})"
             console.print("  " + text, markup=False)
 
 
@@ -499,6 +518,36 @@ def plot(run_dir: Path) -> None:
         raise _fail(str(exc)) from None
     for path in written:
         console.print(f"wrote {path}")
+
+
+@app.command("view")
+def view(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory (relax-gym train --run-dir), finished or still going")],
+    port: Annotated[int, typer.Option(min=0, max=65535, help="0: any free port (the URL printed says which)")] = 8787,
+    host: Annotated[str, typer.Option(help="address to bind; the page has no login, so keep it on loopback")] = "127.0.0.1",
+) -> None:
+    """Open a run in the browser: curves from metrics.jsonl, the steps' rollouts as conversations with their video,
+    audio and pictures, tool calls set apart, filters, two steps side by side; it refreshes while the run goes on
+    (docs/viewer.md). Serves until Ctrl-C."""
+    import ipaddress
+
+    from relax_gym.viewer import serve
+
+    if not run_dir.is_dir():
+        raise _fail(f"{run_dir} is not a directory (give a run directory: relax-gym train --run-dir DIR)", 2)
+    if not any((run_dir / name).exists() for name in ("metrics.jsonl", "config.json", "rollouts")):
+        err_console.print(f"[yellow]note:[/] {escape(str(run_dir))} has no metrics.jsonl, config.json or rollouts/ yet; "
+                          "the page shows them once the run writes them")
+    with contextlib.suppress(ValueError):
+        if not ipaddress.ip_address(host).is_loopback:
+            err_console.print(f"[yellow]warning:[/] serving on {escape(host)}: anyone who reaches it can read this run")
+    try:
+        serve(run_dir, host=host, port=port, announce=lambda url: console.print(f"viewing {escape(str(run_dir))} at {url}  "
+                                                                                 "(Ctrl-C stops)"))
+    except OSError as exc:
+        raise _fail(f"cannot listen on {host}:{port}: {exc}") from None
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command("bench")

@@ -154,6 +154,9 @@ class TrainProgress:
             self._step(data)
         elif event == "eval":
             self.console.print(escape(eval_line(data)))
+        elif event == "checkpoint_failed":  # the previous checkpoint stays the resume point; the run goes on
+            self.console.print(f"[red]checkpoint of step {data['step']} failed[/] (training goes on): "
+                               + escape(str(data["error"])))
         elif event == "sft":
             if self.progress is not None:
                 self.progress.update(self.sft, completed=data["step"], info=f"nll {data['sft_nll']:.3f}")

@@ -195,10 +195,14 @@ def test_real_scripts_define_run_with_quick(script):
 SAMPLES = {
     "env_reset": {"resets": 10, "cases": [
         {"label": "nextqa-video", "env": "nextqa-video", "cold_p50_ms": 6.2, "cached_p50_ms": 0.043, "cold_over_cached": 144.0},
-        {"label": "echo-ink", "env": "echo-ink", "cold_p50_ms": 0.45, "cached_p50_ms": 0.057, "cold_over_cached": 7.9}]},
+        {"label": "echo-ink", "env": "echo-ink", "cold_p50_ms": 0.45, "cached_p50_ms": 0.057, "cold_over_cached": 7.9}],
+        "seek": [{"label": "20 s, keyframes every 1 s", "keyframe_s": 1.0, "seconds": 20.0, "cold_p50_ms": 150.0,
+                  "full_decode_ms": 600.0, "ratio": 0.25, "target": 0.3}]},
     "sandbox": {"repeats": 10, "episodes": 8, "backends": {
         "docker": {"problem": "no Docker engine answers at unix:///var/run/docker.sock: start dockerd"},
-        "bwrap": {"problem": None, "acquire_p50_ms": 0.03, "acquire_p99_ms": 0.2, "episodes_per_s": 20.5}},
+        "bwrap": {"problem": None, "acquire_p50_ms": 0.03, "acquire_p99_ms": 0.2, "episode_ms": 30.2,
+                  "episode_phases_ms": {"acquire": 0.1, "write": 0.8, "exec": 28.0, "release": 1.3},
+                  "episodes_per_s": 20.5, "warm_episodes_per_s": 22.0}},
         "bwrap_exec": {"ours_ms": 12.8, "bare_ms": 11.4, "ratio": 1.12}},
     "learning": {"recipe": "recipes/cpu-nextqa.yaml", "quick": True, "overrides": [], "seeds": [
         {"seed": 0, "steps": 8, "minutes": 1.5, "eval_reward_start": 0.23, "eval_reward_end": 0.25, "gain": 0.02,
@@ -215,10 +219,17 @@ SAMPLES = {
                             "data_wait_fraction": None, **({"samples_discarded_stale": 24} if "carry" in m else {})}
                         for m, s in (("colocate", 271.0), ("async S=0", 262.0), ("async S=2", 469.0), ("async S=2 carry", 650.0))},
               "targets": {"async S=2 >= 2x colocate steps/hour": False}, "workload": {"steps": 4}},
-    "weight_sync": {"bucket_mb": 64.0, "repeats": 2, "bytes": 57671680, "model_mib": 55.0,
-                    "floor": {"seconds": 0.02, "mib_per_s": 2700.0},
-                    "tcp": {"seconds": 0.05, "mib_per_s": 1200.0, "vs_floor": 0.45, "verified": True},
-                    "disk": {"seconds": 0.04, "mib_per_s": 1400.0, "vs_floor": 0.52, "verified": True}},
+    "weight_sync": {"bucket_mb": 64.0, "repeats": 2, "rounds": 3, "bytes": 57671680, "model_mib": 55.0,
+                    "floor": {"seconds": 0.02, "mib_per_s": 2700.0, "rounds_s": [0.02, 0.021, 0.019]},
+                    "tcp": {"seconds": 0.025, "mib_per_s": 2200.0, "vs_floor": 0.82, "vs_floor_rounds": [0.8, 0.82, 0.9],
+                            "paused_s": 0.004, "buckets": 1, "phases": {"stage": 0.02, "pause": 0.001, "load": 0.001,
+                                                                        "resume": 0.002}, "verified": True},
+                    "tcp_unstaged": {"seconds": 0.05, "mib_per_s": 1200.0, "vs_floor": 0.45, "vs_floor_rounds": [0.45, 0.4, 0.5],
+                                     "paused_s": 0.045, "buckets": 1, "phases": {"stage": 0.0, "pause": 0.001, "load": 0.04,
+                                                                                 "resume": 0.002}, "verified": True},
+                    "disk": {"seconds": 0.04, "mib_per_s": 1400.0, "vs_floor": 0.52, "vs_floor_rounds": [0.5, 0.52, 0.6],
+                             "paused_s": 0.02, "buckets": 1, "phases": {"stage": 0.02, "pause": 0.001, "load": 0.015,
+                                                                        "resume": 0.002}, "verified": True}},
     "databus": {"rows": 50, "batch": 25, "mb": 50.0, "reps": 1, "raw_put_mb_s": 900.0, "raw_get_mb_s": 800.0,
                 "bus_put_mb_s": 640.0, "bus_get_mb_s": 750.0, "put_ratio": 1.41, "get_ratio": 1.07, "total_ratio": 1.10,
                 "raw_empty_get_ms": 0.9, "bus_empty_fetch_ms": 2.5},

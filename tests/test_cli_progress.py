@@ -82,3 +82,12 @@ def test_hugging_face_bars_are_off_during_a_run():
 def test_eval_line_keeps_the_reward_and_its_components_only():
     assert eval_line({"step": 0, "eval_reward": 0.5, "eval_format": 1.0, "eval_policy_version": 3,
                       "eval_failed": 0, "eval_note": "x"}) == "eval at step 0: reward 0.500 format 1.000"
+
+
+def test_a_failed_checkpoint_is_one_line_and_the_run_goes_on():
+    console, out = _log_console()
+    with TrainProgress(console, steps=4, sft_steps=0, budget_s=None, eval_every=0) as shown:
+        shown.on_event("checkpoint_failed", {"step": 2, "error": "the checkpoint of step 2 could not be written [disk full]"})
+        shown.on_event("step", _row(3))
+    assert "checkpoint of step 2 failed (training goes on): the checkpoint of step 2 could not be written [disk full]" \
+        in out.getvalue()

@@ -15,6 +15,7 @@ from relax_gym.trainer.databus import (
     DataBus,
     DataBusError,
     DataBusInputError,
+    DuplicateRowError,
     InProcessBus,
     LeaseError,
     TransferQueueBus,
@@ -191,7 +192,8 @@ def test_ack_give_back_release_deliver_every_row_once(new_bus):
         delivered = b3.sample_ids + [s for b in rest for s in b.sample_ids]
         assert sorted(delivered) == sorted(f"k{i}" for i in range(12))  # no loss, no duplicate
         assert await bus.progress(6, "actor") == {"rows": 12, "sealed": 12, "expected_rows": None, "group_size": None,
-                                                  "dropped": False, "acked": 12, "leased": 0}
+                                                  "dropped": False, "acked": 12, "leased": 0, "media": 0,
+                                                  "media_bytes": 0}
         stats = bus.stats()
         assert stats["given_back"] == 8 and stats["acked_rows"] == 12
 
@@ -423,6 +425,73 @@ def test_drop_partition_ends_its_leases(new_bus):
         with pytest.raises(LeaseError, match="dropped"):
             await bus.ack(batch)
         assert (await bus.progress(16))["dropped"] is True
+
+    drive(new_bus, body)
+
+
+def _media(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    video = torch.randn(8, 3, 16, 16, generator=gen)
+    video[0, 0, 0, :3] = torch.tensor([float("nan"), -0.0, float("inf")])
+    return {f"vid{seed}": video, f"frames{seed}": torch.randint(0, 255, (4, 16, 16, 3), generator=gen, dtype=torch.uint8),
+            f"audio{seed}": torch.randn(2, 300, generator=gen).to(torch.bfloat16)}
+
+
+def test_media_are_stored_once_and_read_back_bit_identical(new_bus):
+    first, second = _media(0), _media(1)
+
+    async def body(bus):
+        await bus.open_partition(20, expected_rows=4, group_size=2)
+        refs = {"mm_inputs": {"v": "media:vid0"}, "reward": 1.0}
+        await bus.put(20, [{"sample_id": f"a{i}", "group_id": 0, **refs} for i in range(2)], media=first)
+        # the next group shares one tensor (already stored: not written again) and brings its own
+        again = {"vid0": first["vid0"], **second}
+        await bus.put(20, [{"sample_id": f"b{i}", "group_id": 1, **refs} for i in range(2)], media=again)
+        stats = bus.stats()
+        assert stats["media_put"] == 6 and stats["media_reused"] == 1
+        assert stats["media_bytes_reused"] == first["vid0"].numel() * 4
+        assert stats["bytes_put"] >= stats["media_bytes_put"] == sum(t.numel() * t.element_size()
+                                                                    for t in {**first, **second}.values())
+        got = await bus.get_media(20, ["frames1", "vid0", "audio0", "vid0"])
+        assert list(got) == ["frames1", "vid0", "audio0"]
+        for key, tensor in got.items():
+            sent = {**first, **second}[key]
+            assert tensor.dtype == sent.dtype and tensor.shape == sent.shape and _bits(tensor) == _bits(sent), key
+        got["vid0"].zero_()  # a private copy: the store keeps its own
+        assert _bits((await bus.get_media(20, ["vid0"]))["vid0"]) == _bits(first["vid0"])
+        # media are not rows: the declared 4 rows, the seal at 4 and whole groups of 2 see only the samples
+        progress = await bus.progress(20)
+        assert progress["rows"] == 4 and progress["media"] == 6
+        await bus.seal(20, 4)
+        batches = await drain(bus, 20, "actor", ["mm_inputs", "reward"], 4, whole_groups=True)
+        assert sorted(s for b in batches for s in b.sample_ids) == ["a0", "a1", "b0", "b1"]
+        assert all(b.fields["mm_inputs"][0] == {"v": "media:vid0"} for b in batches)
+        assert stats["media_gets"] == 0 and bus.stats()["media_gets"] == 2
+
+    drive(new_bus, body)
+
+
+def test_media_errors_and_drop_partition_frees_them(new_bus):
+    async def body(bus):
+        await bus.put(21, [], media={"only": torch.ones(3)})  # media alone open the partition, add no row
+        assert (await bus.progress(21))["rows"] == 0
+        with pytest.raises(DataBusInputError, match=r"partition 21 stores no media under 'nope'"):
+            await bus.get_media(21, ["only", "nope"])
+        with pytest.raises(DataBusInputError, match="not a dense tensor"):
+            await bus.put(21, rows("m", 1), media={"k": [1.0, 2.0]})
+        with pytest.raises(DataBusInputError, match="list of non-empty string keys"):
+            await bus.get_media(21, "only")
+        await bus.put(21, rows("m", 1), media={"k": torch.zeros(2)})
+        with pytest.raises(DuplicateRowError):  # a re-sent group: its rows are refused, its media are already there
+            await bus.put(21, rows("m", 1), media={"k": torch.zeros(2)})
+        assert torch.equal((await bus.get_media(21, ["k"]))["k"], torch.zeros(2))
+        await bus.drop_partition(21)
+        progress = await bus.progress(21)
+        assert progress["dropped"] is True and progress["media"] == 0
+        with pytest.raises(DataBusInputError, match="dropped"):
+            await bus.get_media(21, ["k"])
+        with pytest.raises(DataBusInputError, match="dropped"):
+            await bus.put(21, [], media={"k": torch.zeros(2)})
 
     drive(new_bus, body)
 

@@ -89,7 +89,8 @@ def test_declarations_and_seals_are_checked():
     with pytest.raises(DataBusInputError, match="lease_timeout must be None or > 0"):
         DeliveryLedger(0)
     assert ledger.progress(0, "t") == {"rows": 2, "sealed": 2, "expected_rows": 3, "group_size": None,
-                                       "dropped": False, "acked": 0, "leased": 0}
+                                       "dropped": False, "acked": 0, "leased": 0, "media": 0,
+                                       "media_bytes": 0}
     assert ledger.progress(9)["rows"] == 0
 
 

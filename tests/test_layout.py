@@ -19,6 +19,7 @@ FORBIDDEN = {
     "sandbox": {"omni", "envs", "trainer", "cli", "bench"},
     "envs": {"trainer", "cli", "bench"},
     "trainer": {"cli", "bench"},
+    "viewer": {"trainer", "envs", "sandbox", "cli", "bench"},  # reads a run directory's files only
 }
 
 # The trainer's units (a folder, or one of the root modules) and the units each may import. Read bottom-up:

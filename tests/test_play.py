@@ -4,6 +4,7 @@ the env's options and tools, and a tool that raises is shown with its traceback.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 import relax_gym
@@ -65,3 +66,35 @@ def test_play_shows_a_raising_tools_traceback(clean_registry):
     result = runner.invoke(app, ["envs", "play", "broken-calculator"])
     assert result.exit_code == 0, result.output
     assert "a tool raised:" in result.output and "ZeroDivisionError: division by zero" in result.output
+
+
+def test_envs_list_in_a_pipe_keeps_whole_lines_in_aligned_columns(clean_registry):
+    long_id = "an-env-with-a-rather-long-name-for-the-id-column"
+    relax_gym.register(long_id, BrokenCalculator, source="/a/very/long/path/" + "deep/" * 20 + "env.toml")
+    result = runner.invoke(app, ["envs", "list"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    mine = next(line for line in lines if line.startswith(long_id))
+    assert mine.endswith("deep/env.toml") and "…" not in result.output  # nothing cut at 80 columns
+    column = lines[0].index("modalities")
+    assert all(line[column - 2 : column] == "  " for line in lines[1:])  # every row lines up under the header
+    assert mine[column:].split()[0] == "text"  # registered in code without modalities: its class's media kinds + text
+
+
+def test_the_same_env_found_twice_is_one_env_and_a_clash_says_why(clean_registry):
+    first = relax_gym.register("twice", BrokenCalculator, source="entry point pkg")
+    assert relax_gym.register("twice", BrokenCalculator, source="/src/pkg/env.toml") is first  # the same package twice
+    with pytest.raises(ValueError, match=r"already registered from entry point pkg .* registers it again as "
+                                         r".*If both are one package found twice"):
+        relax_gym.register("twice", "tests.envs.test_check_errors:OldGymStep", source="/other/env.toml")
+
+
+def test_play_saves_the_media_it_shows_when_asked(tmp_path):
+    from PIL import Image
+
+    result = runner.invoke(app, ["envs", "play", "image-zoom", "--media-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    saved = [line.rsplit(" -> ", 1)[1] for line in result.output.splitlines() if "[image" in line and " -> " in line]
+    assert saved and all(path.endswith(".png") for path in saved)
+    with Image.open(saved[0]) as first:
+        assert first.size == (48, 48)  # the overview as the policy sees it

@@ -41,9 +41,14 @@ class BenchOptions:
 
 def list_benchmarks(bench_dir: Path | None, console: Console) -> None:
     found = discover(find_bench_dir(bench_dir))
+    width = max((len(name) for name in found), default=0)
     for name, script in found.items():
         extra = "" if has_run(script) else "  [red](no run() function)[/]"
-        console.print(f"[bold]{name:<12}[/] {escape(describe(script))}{extra}", overflow="ellipsis", no_wrap=True)
+        line = f"[bold]{name:<{width}}[/] {escape(describe(script))}{extra}"
+        if console.is_terminal:  # one screen line each, cut at the terminal's edge
+            console.print(line, overflow="ellipsis", no_wrap=True)
+        else:  # a pipe or a log: whole lines, whatever their length
+            console.print(line, soft_wrap=True)
 
 
 def run_bench(opts: BenchOptions, console: Console) -> list[BenchResult]:

@@ -62,6 +62,15 @@ def env_reset(f: dict[str, Any]) -> Summary:
     s.bars.append(Bars("env reset p50 (decode included)", "ms (log scale)", [c["label"] for c in f["cases"]],
                        {"cold cache": [c["cold_p50_ms"] for c in f["cases"]],
                         "cached": [c["cached_p50_ms"] for c in f["cases"]]}, log=True))
+    seek = f.get("seek", [])
+    for c in seek:
+        s.rows.append(Row(f"cold reset / full PyAV decode: {c['label']}",
+                          f"{num(c['cold_p50_ms'], '.3g')} / {num(c['full_decode_ms'], '.3g')} ms",
+                          times(c["ratio"]), f"target <= {c['target']:g}x (seeking decoder, 16 frames)"))
+    if seek:
+        s.bars.append(Bars("cold reset vs full decode (640x480 30 fps)", "ms", [c["label"] for c in seek],
+                           {"cold reset p50": [c["cold_p50_ms"] for c in seek],
+                            "full PyAV decode": [c["full_decode_ms"] for c in seek]}))
     return s
 
 
@@ -71,9 +80,12 @@ def sandbox(f: dict[str, Any]) -> Summary:
     for name, b in backends.items():
         if b.get("problem"):
             s.rows.append(Row(f"{name} backend", "unavailable", note=b["problem"]))
-        else:
-            s.rows.append(Row(f"warm acquire p50 / p99 ({name})", f"{num(b['acquire_p50_ms'])} / {num(b['acquire_p99_ms'])} ms",
-                              note="target p50 <= 5 ms"))
+            continue
+        s.rows.append(Row(f"warm acquire p50 / p99 ({name})", f"{num(b['acquire_p50_ms'])} / {num(b['acquire_p99_ms'])} ms",
+                          note="target p50 <= 5 ms"))
+        if b.get("episode_ms") is not None:
+            phases = ", ".join(f"{k} {v:.1f}" for k, v in (b.get("episode_phases_ms") or {}).items())
+            s.rows.append(Row(f"sandbox work per tool-use episode, p50 ({name})", f"{b['episode_ms']:.1f} ms", note=phases))
     labels, ours, base = [], [], []
     for key, name, other, target in (("bwrap_exec", "bwrap", "bare_ms", "1.5x"), ("docker_exec", "docker", "raw_ms", "1.2x")):
         if key in f:
@@ -82,11 +94,24 @@ def sandbox(f: dict[str, Any]) -> Summary:
             s.rows.append(Row(f"python3 -c pass: {name} exec / {base_name}", f"{r['ours_ms']:.1f} / {r[other]:.1f} ms",
                               times(r["ratio"]), f"target <= {target}"))
             labels.append(name), ours.append(r["ours_ms"]), base.append(r[other])
+    r = f.get("docker_exec") or {}
+    if r.get("api_ms") is not None:
+        s.rows.append(Row("python3 -c pass: docker exec path / raw SDK exec_run", f"{r['api_ms']:.1f} / {r['raw_ms']:.1f} ms",
+                          times(r["api_ratio"]), "RELAX_GYM_DOCKER_EXEC=api"))
+        labels.append("docker-api"), ours.append(r["api_ms"]), base.append(r["raw_ms"])
+    life = f.get("docker_lifecycle")
+    if life:
+        s.rows.append(Row("create / close one docker sandbox, p50", f"{life['create_ms']:.0f} / {life['close_ms']:.0f} ms"))
     for name, b in backends.items():
         if b.get("episodes_per_s") is not None:
-            s.rows.append(Row(f"{f['episodes']} concurrent tool-use episodes ({name})", f"{b['episodes_per_s']:.2f} episodes/s"))
+            warm = b.get("warm_episodes_per_s")
+            s.rows.append(Row(f"{f['episodes']} concurrent tool-use episodes ({name})", f"{b['episodes_per_s']:.2f} episodes/s",
+                              note="" if warm is None else f"cold pool; {warm:.2f} episodes/s warm"))
     if labels:
         s.bars.append(Bars("python3 -c pass: one exec", "ms", labels, {"through the sandbox": ours, "baseline": base}))
+    per_episode = {name: b["episode_ms"] for name, b in backends.items() if b.get("episode_ms") is not None}
+    if per_episode:
+        s.bars.append(Bars("sandbox work per tool-use episode", "ms", list(per_episode), {"p50": list(per_episode.values())}))
     return s
 
 
@@ -150,12 +175,15 @@ def weight_sync(f: dict[str, Any]) -> Summary:
     s = Summary()
     floor = f["floor"]
     s.rows.append(Row(f"loopback socket floor, {f['model_mib']:.0f} MiB", f"{floor['mib_per_s']:.0f} MiB/s", "1.00x"))
-    for t in ("tcp", "disk"):
-        r = f[t]
-        s.rows.append(Row(f"DCS push over {t}", f"{r['mib_per_s']:.0f} MiB/s ({r['seconds']:.3f} s)", times(r["vs_floor"]),
-                          "vs floor; weights bit-identical" if r.get("verified") else "vs floor; weights DIFFER"))
-    s.bars.append(Bars(f"weight push, {f['model_mib']:.0f} MiB", "MiB/s", ["loopback floor", "DCS tcp", "DCS disk"],
-                       {"MiB/s": [floor["mib_per_s"], f["tcp"]["mib_per_s"], f["disk"]["mib_per_s"]]}))
+    paths = [(k, label) for k, label in (("tcp", "tcp"), ("tcp_unstaged", "tcp, unstaged"), ("disk", "disk")) if k in f]
+    for key, label in paths:
+        r = f[key]
+        paused = f", engine paused {r['paused_s']:.3f} s" if "paused_s" in r else ""
+        s.rows.append(Row(f"DCS push over {label}", f"{r['mib_per_s']:.0f} MiB/s ({r['seconds']:.3f} s{paused})",
+                          times(r["vs_floor"]), f"vs floor (median of {f.get('rounds', 1)} rounds); weights "
+                          + ("bit-identical" if r.get("verified") else "DIFFER")))
+    s.bars.append(Bars(f"weight push, {f['model_mib']:.0f} MiB", "MiB/s", ["loopback floor", *(f"DCS {label}" for _, label in paths)],
+                       {"MiB/s": [floor["mib_per_s"], *(f[key]["mib_per_s"] for key, _ in paths)]}))
     return s
 
 

@@ -30,6 +30,18 @@ def shared_pool(backend_name: str | None = None) -> SandboxPool:
     return pool
 
 
+def close_shared_pools(timeout: float = 120.0) -> int:
+    """Close every shared pool of this process (their sandboxes destroyed, containers removed): what a trainer does
+    when its run ends, so that no sandbox of ours outlives the run in a process that goes on (a notebook, a test
+    session). A later episode opens a new pool. Answers the number of pools closed."""
+    with _pools_lock:
+        pools = [p for p in _pools.values() if not p._closed]
+        _pools.clear()
+    for pool in pools:
+        sync.run(pool.close(), timeout=timeout)
+    return len(pools)
+
+
 class EpisodeSandbox:
     def __init__(self, spec: SandboxSpec, *, backend: str | None = None, episode_timeout_s: float = 300.0) -> None:
         self.spec = spec

@@ -10,14 +10,27 @@ terminal step's reward context (for a rubric) holds ``gold_letter``, ``options``
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Literal
+
+from gymnasium.utils import seeding
 
 from relax_gym.envs import synth
 from relax_gym.envs.core import AgentEnv, Opening, Outcome
 from relax_gym.envs.datasets import DatasetError, DatasetSpec, McqSample, load_dataset
 from relax_gym.envs.rewards import LETTERS, MultipleChoiceReward
-from relax_gym.omni import AudioPart, ImagePart, MediaError, MediaSource, Message, TextPart, VideoPart
+from relax_gym.omni import (
+    AudioPart,
+    ImagePart,
+    MediaError,
+    MediaSource,
+    Message,
+    TextPart,
+    VideoPart,
+)
+from relax_gym.omni.decode_pool import DecodePool, shared_pool
 from relax_gym.omni.sampling import AudioSampling, ImageSampling, VideoSampling
 
 log = logging.getLogger(__name__)
@@ -85,6 +98,21 @@ class MultipleChoiceEnv(AgentEnv):
         if self.pick == "cycle" and seed is not None and "index" not in (options or {}):
             options = {**(options or {}), "index": seed % len(self.samples)}
         return super().reset(seed=seed, options=options)
+
+    def prefetch(self, seeds: Iterable[int], *, pool: DecodePool | None = None) -> list[Future]:
+        """Start decoding, in the background, the media that ``reset(seed=s)`` will show for each of ``seeds``, into
+        the decode cache (``pool``: the process's shared decode pool by default). A trainer calls it with the next
+        step's seeds while the current step runs, so those resets find their clips decoded. Returns the futures
+        of the decodes started (failures stay in them: the reset that needs the media raises as usual)."""
+        parts = [part for seed in seeds for part in self._media_parts(self.samples[self.record_for_seed(seed)])]
+        return (pool or shared_pool()).prefetch(parts)
+
+    def record_for_seed(self, seed: int) -> int:
+        """The record ``reset(seed=seed)`` (without ``options["index"]``) shows: the first draw of the env's RNG
+        seeded with ``seed``, or ``seed % len(records)`` with ``pick="cycle"``."""
+        if self.pick == "cycle":
+            return seed % len(self.samples)
+        return record_index({}, len(self.samples), seeding.np_random(seed)[0])
 
     def _reset(self, options: dict[str, Any]) -> Opening:
         index = record_index(options, len(self.samples), self.np_random)

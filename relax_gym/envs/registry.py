@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import os
 import threading
 import warnings
@@ -73,6 +74,21 @@ class EnvSpec:
     def gym_id(self) -> str:
         return f"{NAMESPACE}/{self.id}"
 
+    def resolved_modalities(self) -> tuple[str, ...]:
+        """The declared modalities, or for an env registered without them (a pip entry point, ``register`` in code)
+        the media kinds its class declares, plus text; () when the class cannot be imported here."""
+        if self.modalities:
+            return self.modalities
+        try:
+            module, _, name = self.entry_point.partition(":")
+            target = importlib.import_module(module)
+            for attr in name.split("."):
+                target = getattr(target, attr)
+        except Exception:  # noqa: BLE001 - listing envs must not fail on one that cannot be imported here
+            return ()
+        kinds = getattr(target, "media_kinds", None)
+        return (*kinds, "text") if isinstance(kinds, tuple) else ()
+
     @property
     def gym_spec(self) -> gymnasium.envs.registration.EnvSpec:
         return gymnasium.spec(self.gym_id)
@@ -105,9 +121,15 @@ def register(
     """Register an env under ``relax/<id>``. Registering an id twice is an error unless ``override=True``."""
     short = _short(id)
     with _lock:
-        if short in _specs and not override:
-            raise ValueError(f"env id {short!r} is already registered (from {_specs[short].source}); pass override=True to replace it")
         ep = entry_point if isinstance(entry_point, str) else f"{entry_point.__module__}:{entry_point.__qualname__}"
+        if short in _specs and not override:
+            known = _specs[short]
+            if known.entry_point == ep and known.kwargs == dict(kwargs or {}):
+                return known  # the same env found twice (a package installed and also on PYTHONPATH): one env
+            raise ValueError(
+                f"env id {short!r} is already registered from {known.source} ({known.entry_point}); {source} registers "
+                f"it again as {ep}. If both are one package found twice (installed with pip and also on PYTHONPATH or "
+                f"RELAX_GYM_ENV_PATH), keep one of them; otherwise rename one, or pass override=True to replace it")
         gym_id = f"{NAMESPACE}/{short}"
         previous = gymnasium.registry.pop(gym_id, None)
         try:

@@ -2,7 +2,9 @@
 
 :class:`LRUCache` keeps the last results of a computation by key, bounded by an entry count, a byte budget or
 both; a failed computation stores nothing, and a pickled or copied cache arrives empty (a Ray role gets its own).
-Cached values are shared between hits, so callers treat them as read-only.
+Cached values are shared between hits, so callers treat them as read-only. A key asked for while another thread
+computes it waits for that result rather than computing it again (a prefetch and the reset that needs the same
+clip decode it once; see :mod:`relax_gym.omni.decode_pool`).
 
 Two users: the decoded-media cache here (:class:`DecodeCache`, keyed by content hash + sampling spec; its budget
 defaults to 1 GiB and is set with ``RELAX_GYM_DECODE_CACHE_MB``, 0 disables it), and the trainer's processor,
@@ -60,6 +62,7 @@ class LRUCache:
         self._items: OrderedDict[Hashable, Any] = OrderedDict()
         self._sizes: dict[Hashable, int] = {}
         self._lock = threading.Lock()
+        self._pending: dict[Hashable, threading.Event] = {}  # keys being computed right now
         self.nbytes = 0
         self.hits = self.misses = self.evictions = 0
 
@@ -69,12 +72,31 @@ class LRUCache:
         needs one of the two."""
         if self.maxsize == 0 or self.max_bytes == 0:
             return compute()
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                self.hits += 1
-                return self._items[key]
-            self.misses += 1
+        while True:
+            with self._lock:
+                if key in self._items:
+                    self._items.move_to_end(key)
+                    self.hits += 1
+                    return self._items[key]
+                pending = self._pending.get(key)
+                if pending is None:  # this thread computes it; others asking meanwhile wait for it
+                    self._pending[key] = threading.Event()
+                    self.misses += 1
+                    break
+            # Another thread (a prefetch, a parallel reset of the same clip) is computing this value: wait for it
+            # instead of decoding the same media twice; if it failed or was too large to keep, look again (and
+            # compute it here).
+            pending.wait()
+        try:
+            value = self._compute_and_store(key, compute, weigh)
+        finally:
+            with self._lock:
+                done = self._pending.pop(key, None)
+            if done is not None:
+                done.set()
+        return value
+
+    def _compute_and_store(self, key: Hashable, compute: Callable[[], T], weigh: Callable[[T], int] | None) -> T:
         value = compute()
         size = 0
         if self.max_bytes is not None:
@@ -129,6 +151,10 @@ class DecodeCache(LRUCache):
 
     def get_or_decode(self, content_hash: str, spec_key: str, decode: Callable[[], T], size: Callable[[T], int]) -> T:
         return self.get((content_hash, spec_key), decode, size)
+
+    def has(self, content_hash: str, spec_key: str) -> bool:
+        """Whether this decode is cached (a prefetch skips those)."""
+        return (content_hash, spec_key) in self
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         DecodeCache.__init__(self, state["max_bytes"])

@@ -17,6 +17,7 @@ import numpy as np
 import soundfile as sf
 from PIL import Image, UnidentifiedImageError
 
+from relax_gym.omni import seek as _seek
 from relax_gym.omni.errors import MediaError
 from relax_gym.omni.sampling import AudioSampling, ImageSampling, VideoSampling
 
@@ -79,26 +80,27 @@ def sample_times(start_s: float, end_s: float, spec: VideoSampling, native_fps: 
 # ---------------------------------------------------------------------------------------------- video
 
 
-def decode_video(source: Path | bytes, spec: VideoSampling, *, name: str | None = None) -> DecodedVideo:
+def decode_video(source: Path | bytes, spec: VideoSampling, *, name: str | None = None, seek: bool = True) -> DecodedVideo:
+    """Decode the frames ``spec`` asks for (and its audio track, if asked). ``seek`` (the default) decodes only the
+    groups of pictures that hold the picked frames when that is clearly cheaper (:mod:`relax_gym.omni.seek`);
+    either way the frames and timestamps are those of the sequential decoder, which ``seek=False`` runs alone."""
     label = name or _label(source)
     try:
-        with av.open(_as_file(source), mode="r") as container:
-            if not container.streams.video:
-                raise MediaError(label, "no video stream in file")
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            native_fps = float(stream.average_rate or stream.guessed_rate or 0.0)
-            duration = _stream_duration(container, stream)
-            if duration is None:
-                raise MediaError(label, "video duration unknown (no stream or container duration)")
-            start = min(spec.start_s, duration)
-            end = duration if spec.end_s is None else min(spec.end_s, duration)
-            if end <= start:
-                raise MediaError(label, f"requested span [{spec.start_s}, {spec.end_s}) lies outside the video ({duration:.3f} s)")
-            targets = sample_times(start, end, spec, native_fps)
-            frames, stamps = _pick_frames(container, stream, targets, start, spec.max_pixels, label)
-            if not frames:
-                raise MediaError(label, "no decodable video frames in the requested span")
+        picked = None
+        if seek:
+            with av.open(_as_file(source), mode="r") as container:
+                stream, native_fps, duration, start, end, targets = _probe(container, spec, label)
+                try:
+                    picked = _pick_frames_seeking(container, stream, targets, start, spec.max_pixels)
+                except (av.FFmpegError, ValueError, IndexError):  # the sequential decoder gives the verdict
+                    picked = None
+        if picked is None:
+            with av.open(_as_file(source), mode="r") as container:
+                stream, native_fps, duration, start, end, targets = _probe(container, spec, label)
+                picked = _pick_frames_linear(container, stream, targets, start, spec.max_pixels, label)
+        frames, stamps = picked
+        if not frames:
+            raise MediaError(label, "no decodable video frames in the requested span")
     except MediaError:
         raise
     except (av.FFmpegError, OSError, ValueError, IndexError) as exc:
@@ -118,6 +120,24 @@ def decode_video(source: Path | bytes, spec: VideoSampling, *, name: str | None 
     )
 
 
+def _probe(container, spec: VideoSampling, label: str):
+    """The first video stream (set to decode with threads), its native rate and duration, the span to sample and
+    the target times."""
+    if not container.streams.video:
+        raise MediaError(label, "no video stream in file")
+    stream = container.streams.video[0]
+    stream.thread_type = "AUTO"
+    native_fps = float(stream.average_rate or stream.guessed_rate or 0.0)
+    duration = _stream_duration(container, stream)
+    if duration is None:
+        raise MediaError(label, "video duration unknown (no stream or container duration)")
+    start = min(spec.start_s, duration)
+    end = duration if spec.end_s is None else min(spec.end_s, duration)
+    if end <= start:
+        raise MediaError(label, f"requested span [{spec.start_s}, {spec.end_s}) lies outside the video ({duration:.3f} s)")
+    return stream, native_fps, duration, start, end, sample_times(start, end, spec, native_fps)
+
+
 def _stream_duration(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> float | None:
     if stream.duration is not None and stream.time_base is not None:
         return float(stream.duration * stream.time_base)
@@ -128,13 +148,45 @@ def _stream_duration(container: av.container.InputContainer, stream: av.video.st
     return None
 
 
-def _pick_frames(container, stream, targets: np.ndarray, start: float, max_pixels: int, label: str):
-    """Decode sequentially and give each target time the nearest frame. Ties (a target exactly between two frames,
-    as when sampling at the native rate) go to the earlier frame, with a margin so float rounding cannot flip them
-    and pick one frame twice while skipping its neighbour."""
+def _frame_interval(stream) -> float:
+    return 1.0 / float(stream.average_rate) if stream.average_rate else 0.0
+
+
+def _start_at(container, stream, start: float) -> None:
+    """Where both decoders begin: the keyframe at or before ``start`` (the file's start for 0)."""
     if start > 0 and stream.time_base is not None:
         container.seek(int(start / stream.time_base), stream=stream, backward=True, any_frame=False)
-    dt = 1.0 / float(stream.average_rate) if stream.average_rate else 0.0
+
+
+def _pick_frames_seeking(container, stream, targets: np.ndarray, start: float, max_pixels: int):
+    """The sequential decoder's picks, decoded by the plan of :mod:`relax_gym.omni.seek` (seeking to the groups of
+    pictures that hold them, or one run from the start when they are denser than the keyframes); None where no
+    exact plan can be made or the stream did not behave as planned: the caller then decodes sequentially, from a
+    freshly opened container."""
+    _start_at(container, stream, start)
+    index = _seek.scan_packets(container, stream)
+    if index is None:
+        return None
+    plan = _seek.plan_seek(index, targets, _frame_interval(stream))
+    if plan is None:
+        return None
+    size: list[tuple[int, int]] = []
+
+    def convert(frame) -> np.ndarray:
+        if not size:
+            size.append(fit_pixels(frame.width, frame.height, max_pixels))
+        return frame.to_ndarray(format="rgb24", width=size[0][0], height=size[0][1])
+
+    return _seek.decode_planned(container, stream, index, plan, convert)
+
+
+def _pick_frames_linear(container, stream, targets: np.ndarray, start: float, max_pixels: int, label: str):
+    """Decode sequentially and give each target time the nearest frame. Ties (a target exactly between two frames,
+    as when sampling at the native rate) go to the earlier frame, with a margin so float rounding cannot flip them
+    and pick one frame twice while skipping its neighbour. This is the reference the seeking decoder must match,
+    and the fallback wherever it cannot plan."""
+    _start_at(container, stream, start)
+    dt = _frame_interval(stream)
     frames: list[np.ndarray] = []
     stamps: list[float] = []
     j = 0

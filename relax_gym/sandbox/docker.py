@@ -2,19 +2,24 @@
 
 Container: no network (unless ``spec.network``), read-only root, tmpfs ``/tmp`` and a tmpfs ``workdir`` owned by the
 sandbox user, ``spec.mounts`` as bind mounts (``ro`` unless asked), memory (+swap) / cpu / pids limits, all capabilities dropped, ``no-new-privileges``, running as
-``spec.uid:spec.gid``. Its PID 1 is a tiny Python reaper (see :data:`REAPER`): it reaps every orphan (so zombies never
-pile up against the pids limit) and, being the namespace's init, cannot be killed from inside, so a command's
-``kill -9 -1`` (which is also how we clean up after every command) cannot take the sandbox down.
+``spec.uid:spec.gid``, no log driver. Its PID 1 is :mod:`relax_gym.sandbox.docker_init`: it reaps every orphan (so
+zombies never pile up against the pids limit), and, being the namespace's init, cannot be killed from inside, so a
+command's ``kill -9 -1`` cannot take the sandbox down.
 
-Every command runs as ``timeout -s KILL <t> <cmd>`` inside a small wrapper shell that, once the command ends, kills
-every process of the sandbox user (``kill -9 -1`` spares the caller and PID 1), so nothing a command started
-outlives it and no background process can hold the output pipe open. On our side a wall-clock deadline (the
-in-container ``timeout`` only has one-second resolution) kills everything again with a separate exec. Output is read
-from the raw exec socket into two :class:`OutputCap` s, stdin is written (then half-closed) from the same loop, and
-OOM kills are read from the container's memory cgroup ``oom_kill`` counter.
+Commands, by default, go to that PID 1 over the container's attached stdin/stdout (:mod:`docker_channel`, one
+socket per sandbox): it forks the command, enforces the deadline, caps the output, and once the command ends kills
+every process of the sandbox user, so nothing a command started outlives it and no background process can hold the
+output pipe open. A command then costs about what the process itself costs, not the ~60-80 ms of a ``docker exec``.
 
-Files go in and out through ``exec`` too (``docker cp`` / ``put_archive`` refuse a read-only root and cannot see
-tmpfs mounts), so they are created by, and owned by, the sandbox user.
+``RELAX_GYM_DOCKER_EXEC=api`` (read when a sandbox is created), or a lost channel, uses ``docker exec`` instead:
+every command runs as ``timeout -s KILL <t> <cmd>`` inside a small wrapper shell that, once the command ends,
+kills every process of the sandbox user (``kill -9 -1`` spares the caller and PID 1). On our side a wall-clock
+deadline (the in-container ``timeout`` only has one-second resolution) kills everything again with a separate exec.
+Output is read from the raw exec socket into two :class:`OutputCap` s, stdin is written (then half-closed) from the
+same loop. Either way OOM kills are read from the container's memory cgroup ``oom_kill`` counter.
+
+Files go in and out through PID 1 (or ``exec``): ``docker cp`` / ``put_archive`` refuse a read-only root and cannot
+see tmpfs mounts; so they are created by, and owned by, the sandbox user.
 
 Blocking SDK calls run in a dedicated thread pool (a long exec holds a thread for its duration; the default asyncio
 executor has only ``cpus + 4`` threads, which would serialise sandboxes).
@@ -26,6 +31,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import functools
+import json
 import logging
 import math
 import os
@@ -49,6 +55,12 @@ from relax_gym.sandbox.base import (
     owner_tag,
     process_start_time,
 )
+from relax_gym.sandbox.docker_channel import (
+    Channel,
+    ChannelBroken,
+    init_source,
+    request,
+)
 from relax_gym.sandbox.spec import DEFAULT_IMAGE, SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -62,22 +74,24 @@ POLL_IDLE_S = 1.0  # with no output for this long, ask the engine whether the ex
 MAX_THREADS = 128
 MAX_INNER_TIMEOUT_S = 7 * 86400
 SHELL = "/bin/sh"  # absolute: a spec.env PATH must not break our own plumbing
+EXEC_MODE_VAR = "RELAX_GYM_DOCKER_EXEC"  # "channel" (default): commands through PID 1; "api": one docker exec each
+CHANNEL_START_S = 30.0  # how long a new container's PID 1 may take to answer its first ping
+CHANNEL_GRACE_S = 10.0  # past a command's timeout, how long PID 1 may take to report before we give up on it
+_SHELL_ADDED = ("PWD", "SHLVL", "OLDPWD")  # what the init shell exports that docker exec would not
 
-# PID 1 of every sandbox: reap all children (orphans are re-parented to us) and wait for SIGCHLD. As the pid
-# namespace's init it ignores every signal sent from inside the sandbox, SIGKILL included.
-REAPER = (
-    "import os, signal\n"
-    "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})\n"
-    "while True:\n"
-    "    try:\n"
-    "        while os.waitpid(-1, os.WNOHANG)[0] > 0:\n"
-    "            pass\n"
-    "    except ChildProcessError:\n"
-    "        pass\n"
-    "    signal.sigwait({signal.SIGCHLD})\n"
-)
-# The shell only finds python3 (also when spec.env sets a PATH without it) and execs it: PID 1 is python3.
-INIT_COMMAND = [SHELL, "-c", 'PATH="/usr/local/bin:/usr/bin:/bin:$PATH" exec python3 -I -S -c "$0"', REAPER]
+
+def _init_command(spec: SandboxSpec) -> list[str]:
+    """The container command: a shell finds python3 (also when spec.env sets a PATH without it) and execs
+    :mod:`docker_init` as PID 1, passing the environment as it was before the shell touched it."""
+    script = 'p="${PATH-}"; s="${PATH+1}"; PATH="/usr/local/bin:/usr/bin:/bin:$PATH" exec python3 -I -S -c "$0" "$p" "$s" "$1"'
+    return [SHELL, "-c", script, init_source(), json.dumps([k for k in _SHELL_ADDED if k not in spec.env])]
+
+
+def exec_mode() -> str:
+    mode = (os.environ.get(EXEC_MODE_VAR) or "channel").strip().lower()
+    if mode not in ("channel", "api"):
+        raise SandboxError(f"{EXEC_MODE_VAR}={mode!r}: choose channel or api")
+    return mode
 
 # Runs every command: $1 = seconds, the rest = argv. The command runs as a background job (handed our stdin, which a
 # background job would otherwise lose) that the wrapper waits for with its own stderr on /dev/null, so a killed
@@ -202,11 +216,12 @@ class DockerSandbox(Sandbox):
     backend = "docker"
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, owner: DockerBackend, container_id: str,
-                 oom_file: str | None) -> None:
+                 oom_file: str | None, channel: Channel | None = None) -> None:
         super().__init__(spec, sandbox_id)
         self._owner = owner
         self.container_id = container_id
         self._oom_file = oom_file
+        self._channel = channel  # None: every command is a docker exec
         # One command at a time: the clean-up after each one kills all of the sandbox user's processes.
         self._lock = threading.Lock()
 
@@ -303,13 +318,74 @@ class DockerSandbox(Sandbox):
                 self._kill_all()
             if running or rc is None:
                 killed, rc = True, 137
-            oom_after = _read_oom_kills(self._oom_file)
-            if oom_before is not None and oom_after is not None:
-                oom = oom_after > oom_before
-            else:  # no cgroup counter readable from here: a SIGKILL we did not send is most likely the OOM killer
-                oom = rc == 137 and not killed and duration < timeout
-            timed_out = killed or (rc == 137 and not oom and duration >= timeout - 0.05)
-            return {"rc": rc, "timed_out": timed_out, "oom": oom, "duration": duration}
+            return self._outcome(rc, killed, duration, timeout, oom_before)
+
+    def _outcome(self, rc: int, killed: bool, duration: float, timeout: float, oom_before: int | None) -> dict[str, Any]:
+        oom_after = _read_oom_kills(self._oom_file)
+        if oom_before is not None and oom_after is not None:
+            oom = oom_after > oom_before
+        else:  # no cgroup counter readable from here: a SIGKILL we did not send is most likely the OOM killer
+            oom = rc == 137 and not killed and duration < timeout
+        timed_out = killed or (rc == 137 and not oom and duration >= timeout - 0.05)
+        return {"rc": rc, "timed_out": timed_out, "oom": oom, "duration": duration}
+
+    # -- the channel to PID 1 ------------------------------------------------------------------------------
+
+    def _run_channel(self, channel: Channel, argv: list[str], timeout: float, stdin: bytes | None, out: OutputCap,
+                     err: OutputCap, cancel: threading.Event) -> dict[str, Any]:
+        """Run ``argv`` through PID 1 (see :mod:`docker_init`); the status as :meth:`_run` gives it."""
+        with self._lock:
+            if cancel.is_set():
+                raise SandboxError("cancelled")
+            oom_before = _read_oom_kills(self._oom_file)
+            t0 = time.monotonic()
+            head = {"op": "exec", "argv": argv, "cwd": self.spec.workdir, "timeout": timeout,
+                    "caps": [out.limit, err.limit], "stdin": stdin is not None}
+            try:
+                status = channel.call(head, stdin or b"", out=out, err=err, reply_by=t0 + timeout + CHANNEL_GRACE_S,
+                                      cancel=cancel, on_cancel=request({"op": "kill"}))
+            except ChannelBroken as e:
+                raise self._channel_lost(e) from e
+            out.dropped += status["dropped"][0]
+            err.dropped += status["dropped"][1]
+            return self._outcome(status["rc"], status["killed"], time.monotonic() - t0, timeout, oom_before)
+
+    def _live_channel(self) -> Channel | None:
+        """The channel, or None (docker exec) when there is none or it was closed between calls."""
+        channel = self._channel
+        if channel is not None and channel.broken:
+            log.warning("sandbox %s: its command channel is closed; using docker exec from now on", self.id)
+            channel = self._channel = None
+        return channel
+
+    def _channel_op(self, channel: Channel, head: dict[str, Any], body: bytes, out: OutputCap | None,
+                    cancel: threading.Event) -> dict[str, Any]:
+        """A file or reset request to PID 1; its status (``ok``, ``error``)."""
+        with self._lock:
+            try:
+                return channel.call(head, body, out=out, reply_by=time.monotonic() + self._file_timeout())
+            except ChannelBroken as e:
+                raise self._channel_lost(e) from e
+
+    def _channel_lost(self, why: Exception) -> SandboxError:
+        """The error to raise for a failed channel: the sandbox is gone, or (still running) it falls back to
+        ``docker exec`` from now on, after its leftovers are killed."""
+        self._channel = None
+        errors = _errors()
+        try:
+            running = bool(self._api.inspect_container(self.container_id)["State"].get("Running"))
+        except errors.NotFound as e:
+            return self._gone(e)
+        except _failures() as e:
+            return SandboxError(f"sandbox {self.id}: lost the engine: {e}")
+        if not running:
+            return self._gone(why)
+        log.warning("sandbox %s lost its command channel (%s); using docker exec from now on", self.id, why)
+        try:
+            self._kill_all()
+        except SandboxError as e:
+            return e
+        return SandboxError(f"sandbox {self.id}: lost its command channel during the call: {why}")
 
     def _pump(self, raw: socket.socket, eid: str, stdin: bytes | None, stream: _Stream, deadline: float,
               cancel: threading.Event) -> tuple[bool, bool]:
@@ -397,7 +473,11 @@ class DockerSandbox(Sandbox):
     def _command(self, argv: list[str], timeout: float, stdin: bytes | None, out_limit: int, err_limit: int,
                  cancel: threading.Event) -> tuple[dict[str, Any], OutputCap, OutputCap]:
         out, err = OutputCap(out_limit), OutputCap(err_limit)
-        status = self._run(argv, timeout, stdin, out, err, cancel)
+        channel = self._live_channel()
+        if channel is not None:
+            status = self._run_channel(channel, argv, timeout, stdin, out, err, cancel)
+        else:
+            status = self._run(argv, timeout, stdin, out, err, cancel)
         return status, out, err
 
     # -- hooks ---------------------------------------------------------------------------------------------
@@ -421,7 +501,19 @@ class DockerSandbox(Sandbox):
     def _file_timeout(self) -> float:
         return max(self.spec.exec_timeout_s, 30.0)
 
+    async def _ask(self, channel: Channel, head: dict[str, Any], body: bytes = b"", out: OutputCap | None = None,
+                   *, failed: str) -> None:
+        """A file or reset request to PID 1; raises SandboxError starting with ``failed`` when it did not work."""
+        status = await self._call(self._channel_op, channel, head, body, out)
+        if not status.get("ok"):
+            why = status.get("error") or f"left {status.get('left')}"
+            raise SandboxError(f"{failed} in sandbox {self.id}: {why}")
+
     async def _write_file(self, path: str, data: bytes, mode: int) -> None:
+        channel = self._live_channel()
+        if channel is not None:
+            head = {"op": "write", "path": path, "mode": mode & 0o7777}
+            return await self._ask(channel, head, data, failed=f"cannot write {path}")
         argv = [SHELL, "-c", _WRITE, "relax-gym-write", path, f"{mode & 0o7777:o}"]
         status, _, err = await self._call(self._command, argv, self._file_timeout(), data, 4096, 4096)
         if status["rc"] != 0:
@@ -429,6 +521,11 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"cannot write {path} in sandbox {self.id}: {why}")
 
     async def _read_file(self, path: str, max_bytes: int) -> bytes:
+        channel = self._live_channel()
+        if channel is not None:
+            out = OutputCap(max_bytes)
+            await self._ask(channel, {"op": "read", "path": path, "max": max_bytes}, out=out, failed=f"cannot read {path}")
+            return bytes(out.kept)
         argv = [SHELL, "-c", _READ, "relax-gym-read", path, str(max_bytes)]
         status, out, err = await self._call(self._command, argv, self._file_timeout(), None, max_bytes, 4096)
         if status["rc"] != 0:
@@ -437,6 +534,10 @@ class DockerSandbox(Sandbox):
         return bytes(out.kept)
 
     async def _reset(self) -> None:
+        channel = self._live_channel()
+        if channel is not None:
+            head = {"op": "reset", "dirs": [self.spec.workdir, "/tmp", "/dev/shm"]}
+            return await self._ask(channel, head, failed="reset failed")
         argv = [SHELL, "-c", _RESET, "relax-gym-reset", self.spec.workdir]
         status, out, err = await self._call(self._command, argv, self._file_timeout(), None, 4096, 4096)
         left = out.text().split()  # whatever is still in workdir, /tmp or /dev/shm
@@ -444,6 +545,8 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"reset of sandbox {self.id} failed: left {left[:5]} ({err.text().strip()})")
 
     async def _close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
         await asyncio.get_running_loop().run_in_executor(self._owner._pool, self._owner._remove, self.container_id)
 
 
@@ -515,14 +618,17 @@ class DockerBackend(Backend):
         sandbox_id = new_sandbox_id(self.name)
         fut = asyncio.get_running_loop().run_in_executor(self._pool, self._create_blocking, spec, sandbox_id)
         try:
-            container_id, oom_file = await asyncio.shield(fut)
+            container_id, oom_file, channel = await asyncio.shield(fut)
         except asyncio.CancelledError:
             # The container may still come up after our caller gave up: remove it then.
-            fut.add_done_callback(
-                lambda f: _retrieve(f) or self._pool.submit(self._remove, f.result()[0])
-            )
+            fut.add_done_callback(lambda f: _retrieve(f) or self._discard(*f.result()))
             raise
-        return DockerSandbox(spec, sandbox_id, self, container_id, oom_file)
+        return DockerSandbox(spec, sandbox_id, self, container_id, oom_file, channel)
+
+    def _discard(self, container_id: str, oom_file: str | None, channel: Channel | None) -> None:
+        if channel is not None:
+            channel.close()
+        self._pool.submit(self._remove, container_id)
 
     def _ensure_image(self, image: str) -> None:
         from relax_gym.sandbox import image as images
@@ -543,8 +649,10 @@ class DockerBackend(Backend):
             images.build_base_image(image, client=client)
         self._images.add(image)
 
-    def _create_blocking(self, spec: SandboxSpec, sandbox_id: str) -> tuple[str, str | None]:
+    def _create_blocking(self, spec: SandboxSpec, sandbox_id: str) -> tuple[str, str | None, Channel | None]:
+        """Create and start the container; attach the command channel to its PID 1 unless the mode is ``api``."""
         errors = _errors()
+        use_channel = exec_mode() == "channel"
         problem = spec.mount_source_problem()
         if problem:
             raise SandboxError(f"cannot create a docker sandbox: {problem}")
@@ -565,8 +673,9 @@ class DockerBackend(Backend):
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             runtime=spec.runtime,
-            init=False,  # PID 1 is our reaper (REAPER); docker's init would make it killable from inside
+            init=False,  # PID 1 is docker_init; docker's init would make it killable from inside
             mounts=_bind_mounts(spec),
+            log_config={"type": "none", "config": {}},  # PID 1's stdout is our channel, not a log
         )
         owner_start = process_start_time(os.getpid())
         labels = {LABEL: sandbox_id, OWNER_LABEL: owner_tag()}
@@ -574,9 +683,9 @@ class DockerBackend(Backend):
             labels[OWNER_START_LABEL] = str(owner_start)
         env = {"HOME": spec.workdir, **spec.env}
         create = functools.partial(
-            api.create_container, spec.image, INIT_COMMAND, user=f"{spec.uid}:{spec.gid}",
+            api.create_container, spec.image, _init_command(spec), user=f"{spec.uid}:{spec.gid}",
             environment=env, working_dir=spec.workdir, labels=labels, name=sandbox_id, host_config=host_config,
-            detach=True, stdin_open=False, tty=False,
+            detach=True, stdin_open=True, tty=False,
         )
         try:
             try:
@@ -587,18 +696,28 @@ class DockerBackend(Backend):
                 container_id = create()["Id"]
         except _failures() as e:
             raise SandboxError(self._explain(e, spec, "create")) from e
+        channel = None
         try:
+            if use_channel:  # attached before the start: PID 1 never runs without its host end
+                params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+                channel = Channel(api.attach_socket(container_id, params=params), sandbox_id)
             api.start(container_id)
             info = api.inspect_container(container_id)
             if not info["State"].get("Running"):
                 raise SandboxError(f"container exited at once: {info['State'].get('Error') or info['State']}")
-        except (*_failures(), SandboxError) as e:
+            if channel is not None:
+                channel.call({"op": "ping"}, reply_by=time.monotonic() + CHANNEL_START_S)
+        except (*_failures(), SandboxError, ChannelBroken) as e:
+            if channel is not None:
+                channel.close()
             self._remove(container_id)
             raise SandboxError(self._explain(e, spec, "start")) from e
         except BaseException:
+            if channel is not None:
+                channel.close()
             self._remove(container_id)
             raise
-        return container_id, _find_oom_counter(info["State"].get("Pid") or 0, container_id)
+        return container_id, _find_oom_counter(info["State"].get("Pid") or 0, container_id), channel
 
     @staticmethod
     def _explain(e: Exception, spec: SandboxSpec, what: str) -> str:

@@ -9,6 +9,10 @@
   Episodes never share state.
 - Creation is rate-limited (``create_per_s``, ``max_concurrent_creates``) so 32 episodes starting at once queue
   instead of stampeding the engine (SWE-ReX issue #261 is a hang on exactly this).
+- Retired sandboxes are replaced in the background (``refill``), up to the most leases a spec has had out at
+  once: an episode that arrives meanwhile takes the sandbox being made (or an idle one) instead of starting its
+  own create, so after the first wave no episode waits for a container to start. A stale idle sandbox found at
+  acquire is destroyed in the background too.
 - Orphans of dead processes are reaped by label at ``start()``; ``close()`` destroys everything and an atexit
   backstop closes pools the program forgot.
 """
@@ -78,6 +82,7 @@ class PoolStats:
     reused: int = 0
     expired: int = 0
     reaped: int = 0
+    refilled: int = 0  # sandboxes made in the background to replace retired ones
 
 
 class SandboxPool:
@@ -91,6 +96,7 @@ class SandboxPool:
         create_per_s: float = 20.0,
         max_concurrent_creates: int = 4,
         default_spec: SandboxSpec | None = None,
+        refill: bool = True,
     ) -> None:
         self.backend = backend or select_backend()
         self.min_warm = min_warm
@@ -98,6 +104,7 @@ class SandboxPool:
         self.max_uses = max_uses
         self.create_interval = 1.0 / create_per_s if create_per_s > 0 else 0.0
         self.default_spec = default_spec or SandboxSpec()
+        self.refill = refill
         self.stats = PoolStats()
         self._max_concurrent_creates = max_concurrent_creates
         self._create_gate: asyncio.Semaphore | None = None
@@ -106,6 +113,10 @@ class SandboxPool:
         self._alive: dict[str, int] = defaultdict(int)
         self._uses: dict[str, int] = defaultdict(int)
         self._leases: dict[str, Lease] = {}
+        self._leased: dict[str, int] = defaultdict(int)  # leases out now, per spec key
+        self._peak: dict[str, int] = defaultdict(int)  # the most leases out at once, per spec key
+        self._refills: dict[str, deque[asyncio.Future]] = defaultdict(deque)  # background creates nobody claimed
+        self._background: set[asyncio.Task] = set()
         self._slot_freed: dict[str, asyncio.Condition] = {}
         self._closed = False
         self._started = False
@@ -135,6 +146,10 @@ class SandboxPool:
         if self._closed:
             return
         self._closed = True
+        for task in list(self._background):
+            if task.get_name().startswith("relax-gym-refill"):  # destroys in flight are left to finish
+                task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         boxes = [b for q in self._idle.values() for b in q] + [lease.sandbox for lease in self._leases.values()]
         for lease in self._leases.values():
             lease.expired = True
@@ -163,14 +178,21 @@ class SandboxPool:
         key = spec.key()
         cond = self._slot_freed.setdefault(key, asyncio.Condition())
         while True:
+            if self._closed:
+                raise SandboxError("the sandbox pool is closed")
             idle = self._idle[key]
             while idle:
                 box = idle.popleft()
                 if box.closed or box.age_s > spec.lifetime_s:
-                    await self._destroy(box)
+                    self._in_background(self._destroy_and_notify(box, key))
                     continue
                 self.stats.reused += 1
                 return self._lease(box, deadline, key)
+            if self._refills[key]:  # a replacement is being made: take it rather than start another create
+                box = await self._claim(self._refills[key].popleft(), deadline)
+                if box is not None:
+                    return self._lease(box, deadline, key)
+                continue
             if self._alive[key] < self.max_size:
                 self._alive[key] += 1  # reserve the slot before awaiting the create
                 try:
@@ -190,6 +212,7 @@ class SandboxPool:
         if lease._timer:
             lease._timer.cancel()
         box, key = lease.sandbox, lease.spec_key
+        self._leased[key] -= 1
         self._uses[box.id] += 1
         keep = not self._closed and not lease.expired and not box.closed
         keep = keep and box.age_s < box.spec.lifetime_s and self._uses[box.id] < self.max_uses
@@ -203,6 +226,7 @@ class SandboxPool:
             self._idle[key].append(box)
         else:
             await self._destroy(box)
+            self._refill(box.spec)
         await self._notify(key)
 
     def lease(self, spec: SandboxSpec | None = None, deadline: float | None = None) -> _LeaseContext:
@@ -217,6 +241,8 @@ class SandboxPool:
     def _lease(self, box: Sandbox, deadline: float | None, key: str) -> Lease:
         lease = Lease(sandbox=box, deadline=deadline, spec_key=key)
         self._leases[box.id] = lease
+        self._leased[key] += 1
+        self._peak[key] = max(self._peak[key], self._leased[key])
         if deadline is not None:
             loop = asyncio.get_running_loop()
             lease._timer = loop.call_at(loop.time() + max(deadline - time.monotonic(), 0.0), self._expire, lease)
@@ -229,11 +255,71 @@ class SandboxPool:
         self.stats.expired += 1
         log.warning("sandbox lease %s passed its deadline; destroying the sandbox", lease.id)
         self._leases.pop(lease.id, None)
-        asyncio.ensure_future(self._destroy_and_notify(lease.sandbox, lease.spec_key))
+        self._leased[lease.spec_key] -= 1
+        asyncio.ensure_future(self._destroy_and_notify(lease.sandbox, lease.spec_key, refill=True))
 
-    async def _destroy_and_notify(self, box: Sandbox, key: str) -> None:
-        await self._destroy(box)
+    async def _destroy_and_notify(self, box: Sandbox, key: str, *, refill: bool = False) -> None:
+        try:
+            await self._destroy(box)
+        finally:
+            if refill:
+                self._refill(box.spec)
+            await self._notify(key)
+
+    # -- background refill --------------------------------------------------------------------------------
+
+    def _in_background(self, coro, name: str = "relax-gym-pool") -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    def _refill(self, spec: SandboxSpec) -> None:
+        """Replace a retired sandbox in the background while this spec's demand (its lease peak) is unmet."""
+        key = spec.key()
+        want = min(self.max_size, max(self._peak[key], self.min_warm if key == self.default_spec.key() else 0))
+        if not self.refill or self._closed or self._alive[key] >= want:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._refills[key].append(fut)
+        self._in_background(self._make_refill(spec, fut), "relax-gym-refill")
+
+    async def _make_refill(self, spec: SandboxSpec, fut: asyncio.Future) -> None:
+        key = spec.key()
+        unclaimed = self._refills[key]
+        try:
+            box = await self._create(spec)
+        except BaseException as exc:
+            if fut in unclaimed:
+                unclaimed.remove(fut)
+            if not fut.done():  # a claimant falls back to its own create
+                fut.set_exception(exc if isinstance(exc, SandboxError) else SandboxError(f"background create: {exc!r}"))
+                fut.exception()  # marked retrieved
+            await self._notify(key)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            log.warning("background sandbox create failed: %r", exc)
+            return
+        self.stats.refilled += 1
+        claimed = fut not in unclaimed
+        if not claimed:
+            unclaimed.remove(fut)
+        if self._closed:
+            await self._destroy(box)
+        elif claimed and not fut.done():  # hand it to the episode waiting for it
+            fut.set_result(box)
+        else:  # nobody claimed it, or its claimant gave up
+            self._idle[key].append(box)
         await self._notify(key)
+
+    async def _claim(self, fut: asyncio.Future, deadline: float | None) -> Sandbox | None:
+        """Wait for a background create; None when it failed (the caller then creates its own)."""
+        try:
+            return await self._with_deadline(fut, deadline, "waiting for a sandbox being made")
+        except PoolTimeout:
+            raise
+        except SandboxError:
+            return None
 
     async def _create(self, spec: SandboxSpec, *, reserved: bool = False) -> Sandbox:
         if self._create_gate is None:

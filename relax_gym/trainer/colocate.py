@@ -40,11 +40,14 @@ from relax_gym.trainer.policy.moe import routing_dims
 from relax_gym.trainer.rewards.judge import judge_trajectory
 from relax_gym.trainer.rewards.judge_host import LocalJudge, resolve_judge
 from relax_gym.trainer.rollout.episode import Trajectory, run_episode
+from relax_gym.trainer.rollout.media import share_media
 from relax_gym.trainer.rollout.program_episode import ProgramEpisodes, is_agent_program
 from relax_gym.trainer.rollout.samples import summary_dict
 from relax_gym.trainer.run.base_model import resolve_base
 from relax_gym.trainer.run.checkpoint import (
     CRITIC_DIR,
+    CheckpointFailures,
+    CheckpointWriteError,
     TrainerState,
     eval_history,
     load_checkpoint,
@@ -63,6 +66,7 @@ from relax_gym.trainer.run.lr_schedule import (
 )
 from relax_gym.trainer.run.metrics import MetricsWriter
 from relax_gym.trainer.run.ppo import colocate_ppo_step, start_critic
+from relax_gym.trainer.run.rollout_records import RolloutRecorder
 from relax_gym.trainer.run.schedule import Schedule
 from relax_gym.trainer.run.seeds import eval_seeds, seed_everything, train_seeds
 from relax_gym.trainer.run.step_row import (
@@ -72,6 +76,7 @@ from relax_gym.trainer.run.step_row import (
     rollout_row,
     summary_end,
     summary_start,
+    warn_on_tool_crashes,
 )
 from relax_gym.trainer.run.warmup import report_warmup_row, run_warmup
 
@@ -89,6 +94,7 @@ class ColocateTrainer:
         self.cfg = cfg
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.progress = progress or (lambda event, data: None)
+        self.checkpoint_failures = CheckpointFailures()
         seed_everything(cfg.trainer.seed)
         self.model, self.processor = build_policy(cfg.model)
         self.model.train()
@@ -110,6 +116,8 @@ class ColocateTrainer:
         self.critic: Critic | None = None  # algorithm.name=ppo: the value model (built when RL starts)
         self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard,
                                      purge_step=self.resume.step + 1 if self.resume else None)
+        self.records = RolloutRecorder(self.run_dir, per_step=cfg.metrics.rollouts_per_step,  # for relax-gym view
+                                       media_mb=cfg.metrics.rollout_media_mb)
         self.version = 0
         self.rng = np.random.default_rng(cfg.trainer.seed)
         self.lr_gate = DecayGate(cfg.actor.lr_hold_until_reward, cfg.actor.lr_hold_window)  # when the lr decay starts
@@ -129,6 +137,16 @@ class ColocateTrainer:
         for _ in range(n):
             queue.put_nowait(relax_gym.make(self.cfg.env.id, **kwargs))
         return queue
+
+    @staticmethod
+    def _prefetch(envs: asyncio.Queue, seeds: list[tuple[int, int]]) -> None:
+        """Start decoding the media of ``seeds``' prompts in the background (envs that offer ``prefetch``: the
+        multiple-choice family), so that those resets find their clips in the decode cache. Called with the next
+        step's seeds while this step trains; one prompt per group is enough (a group shares its prompt)."""
+        env = envs._queue[0] if envs.qsize() else None  # any idle env of the pool: they share the decode cache
+        prefetch = getattr(getattr(env, "unwrapped", None), "prefetch", None)
+        if prefetch is not None:
+            prefetch(sorted({seed for seed, _ in seeds}))
 
     async def _episodes(self, envs: asyncio.Queue, seeds: list[tuple[int, int]], sampling: dict[str, Any],
                         routing: tuple[int, int] | None = None) -> list[Trajectory]:
@@ -164,9 +182,10 @@ class ColocateTrainer:
         self.version += 1
         self.pusher.push(self.actor.state_dict(), self.version)
 
-    async def evaluate(self, envs: asyncio.Queue) -> dict[str, float]:
+    async def evaluate(self, envs: asyncio.Queue, step: int = 0) -> dict[str, float]:
         n = self.cfg.trainer.eval_episodes
         trajs = await self._episodes(envs, [(s, i) for i, s in enumerate(eval_seeds(n))], self._sampling(greedy=True))
+        await asyncio.to_thread(self.records.write, step, "eval", trajs)
         episodes = [summary_dict(t) for t in trajs]
         return {**eval_row(episodes, self.components.observe(episodes)), "eval_policy_version": self.version}
 
@@ -250,30 +269,41 @@ class ColocateTrainer:
             self.actor.set_lr(lr)
             seeds = train_seeds(t.seed, step, t.prompts_per_step, t.group_size)
             trajs = await self._episodes(train_envs, seeds, self._sampling(), self.routing)
+            if t.dedupe_media:  # a group's samples hold one media tensor object, not a copy each
+                share_media([x.mm for x in trajs])
             t1 = time.perf_counter()
+            if step < t.steps:  # the next step's clips decode while this one trains
+                self._prefetch(train_envs, train_seeds(t.seed, step + 1, t.prompts_per_step, t.group_size))
             m = await asyncio.to_thread(self.rl_step, trajs)
             t2 = time.perf_counter()
             await asyncio.to_thread(self._sync_weights)
             t3 = time.perf_counter()
             episodes = [summary_dict(x) for x in trajs]
+            await asyncio.to_thread(self.records.write, step, "train", trajs, trained_version=self.version - 1)
             row = {
                 "episodes_masked": episodes_masked(episodes), **m, **rollout_row(episodes, t1 - t0, self.components.observe(episodes)),
                 "policy_version": self.version, "lr": lr,
                 "time_rollout_s": t1 - t0, "time_train_s": t2 - t1, "time_sync_s": t3 - t2, "time_step_s": t3 - t0,
                 "elapsed_s": self.schedule.elapsed(),
             }
+            warn_on_tool_crashes(row, len(episodes), step)
             self.lr_gate.observe(row["reward_mean"], progress(step, t.steps, self.schedule.elapsed(), t.time_budget_s))
             plan = self.schedule.after(step)
             if plan.eval:
-                last_eval = await self.evaluate(eval_envs)
+                last_eval = await self.evaluate(eval_envs, step)
                 row.update(last_eval)
             self.metrics.write(step, row)
             self.progress("step", {"step": step, "of": t.steps, **row, "eval_reward": last_eval["eval_reward"]})
             if plan.checkpoint:
-                self.checkpoint(step)
+                try:
+                    self.checkpoint(step)
+                except CheckpointWriteError as exc:  # disk full: the previous checkpoint stays the resume point
+                    self.checkpoint_failures.record(step, str(exc))
+                    self.progress("checkpoint_failed", {"step": step, "error": str(exc)})
             if plan.stop:
                 break
-        summary.update({**summary_end(last_eval, first_eval), "steps": step, "elapsed_s": self.schedule.elapsed()})
+        summary.update({**summary_end(last_eval, first_eval), "steps": step, "elapsed_s": self.schedule.elapsed(),
+                        **self.checkpoint_failures.figures()})
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         for queue in (train_envs, eval_envs):
             while not queue.empty():
@@ -301,5 +331,10 @@ class ColocateTrainer:
                     try:
                         self.engine_host.close()  # a launched SGLang server must go even if the others fail
                     finally:
-                        if self.judge is not None:
-                            self.judge.close()
+                        try:
+                            if self.judge is not None:
+                                self.judge.close()
+                        finally:  # the run's sandboxes: none of ours outlives the run in a process that goes on
+                            from relax_gym.envs.episode_sandbox import close_shared_pools
+
+                            close_shared_pools()

@@ -175,6 +175,9 @@ class TrainerSection(_Section):
     # async: "wait" trains step k on the groups launched for it (the slowest one included); "carry" trains it on the
     # first groups that finish, and a straggler joins a later step while within S (relax_gym/trainer/async_engine/carry.py)
     stragglers: Literal["wait", "carry"] = "wait"
+    # the media tensors a group's rows share are stored once (async: on the data bus by content key, colocate: one
+    # tensor object) instead of once per row (relax_gym/trainer/rollout/media.py); false: a copy per row
+    dedupe_media: bool = True
     steps: int = Field(default=150, ge=0)
     prompts_per_step: int = Field(default=16, ge=1)
     group_size: int = Field(default=8, ge=1)
@@ -233,6 +236,10 @@ class RolesSection(_Section):
 
 class MetricsSection(_Section):
     tensorboard: bool = True
+    # rollout records for `relax-gym view` (relax_gym/trainer/run/rollout_records.py): each step's eval episodes and
+    # its first rollouts_per_step train episodes, with their media stored once under RUN_DIR/media up to rollout_media_mb
+    rollouts_per_step: int = Field(default=4, ge=0)
+    rollout_media_mb: float = Field(default=256.0, ge=0)
 
 
 class RelaxConfig(_Section):

@@ -161,7 +161,11 @@ def test_a_missing_sandbox_backend_is_named_as_such(monkeypatch):
     def none_works(name=None):
         raise SandboxUnavailable("no sandbox backend works on this machine (docker: no engine; bwrap: not installed)")
 
-    monkeypatch.setattr(backends, "select_backend", none_works)
+    from relax_gym.envs import episode_sandbox
+    from relax_gym.sandbox import pool
+
+    for module in (backends, episode_sandbox, pool):  # each bound the name at import
+        monkeypatch.setattr(module, "select_backend", none_works)
     env = relax_gym.make("tool-use")
     try:
         with pytest.raises(EnvCheckError, match=r"ended in an env error: SandboxUnavailable: no sandbox backend works"):

@@ -52,7 +52,20 @@ def test_async_run_consumes_every_sample_once_within_the_staleness_bound(ray_ses
     mins = [r["rollout_version_min"] for r in steps]
     assert mins[0] >= 1 and (stragglers == "carry" or mins == sorted(mins))  # carried groups land out of launch order
     assert all(0.0 <= r["data_wait_fraction"] <= 1.0 and "time_step_s" in r for r in steps)
+    # media stored once per group (trainer.dedupe_media): the G rows of a group share one copy of their clip
+    assert all(r["bus_media_bytes_saved"] > 0.5 * r["bus_bytes_put"] for r in steps)
     assert "eval_reward" in rows[-1] and any("eval_reward" in r for r in steps if r["step"] == 2)
     assert [r for r in rows if r["step"] < 0], "the SFT warm-up logs its steps"
+    # rollout records (relax-gym view): the env workers write the eval and train episodes they play, media included
+    records = {p.name: [json.loads(x) for x in p.read_text().splitlines()] for p in (run_dir / "rollouts").glob("step_*.jsonl")}
+    assert [r["kind"] for r in records["step_000000.jsonl"]] == ["eval", "eval"]
+    for step in range(1, STEPS + 1):
+        train = [r["index"] for r in records[f"step_{step:06d}.jsonl"] if r["kind"] == "train"]
+        if stragglers == "wait":  # by place in the step
+            assert sorted(train) == list(range(P * G))
+        else:  # carried groups are filed where they landed, indexed by launch number (unique)
+            assert len(train) == len(set(train)) >= G
+    videos = [p for r in records["step_000001.jsonl"] for m in r["messages"] for p in m["parts"] if p["type"] == "video"]
+    assert videos and all((run_dir / v["url"]).is_file() for v in videos)
     ckpt = run_dir / "checkpoints" / "step_000003"
     assert (ckpt / "trainer_state.pt").is_file() and any(ckpt.glob("*.safetensors"))

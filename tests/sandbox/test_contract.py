@@ -139,7 +139,9 @@ def test_memory_hog_is_killed(backend, spec):
     in_box(backend, spec, body)
 
 
-def test_no_network_public_or_host_loopback(backend, spec):
+def test_no_network_only_lo_no_route_and_no_host_loopback(backend, spec):
+    """Isolation shown from inside, never by trying an outside address: the sandbox's only interface is ``lo``, it
+    has no route anywhere, and a listener this test opens on the host's 127.0.0.1 cannot be reached from it."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(4)
@@ -155,16 +157,19 @@ def test_no_network_public_or_host_loopback(backend, spec):
     threading.Thread(target=accept, daemon=True).start()
     probe = (
         "import socket, sys\n"
-        "for host, port in (('1.1.1.1', 80), ('127.0.0.1', int(sys.argv[1]))):\n"
-        "    s = socket.socket(); s.settimeout(3)\n"
-        "    try:\n        s.connect((host, port)); print('CONNECTED', host)\n"
-        "    except OSError as e:\n        print('blocked', host, e.errno)\n"
+        "print('IFACES', ','.join(sorted(name for _, name in socket.if_nameindex())))\n"
+        "with open('/proc/net/route') as f:\n    print('ROUTES', len(f.read().splitlines()) - 1)\n"
+        "s = socket.socket(); s.settimeout(3)\n"
+        "try:\n    s.connect(('127.0.0.1', int(sys.argv[1]))); print('CONNECTED')\n"
+        "except OSError as e:\n    print('blocked', e.errno)\n"
     )
 
     async def body(box):
         await box.write_file("probe.py", probe)
         r = await box.exec(f"python3 probe.py {port}", timeout=20)
-        assert "CONNECTED" not in r.stdout and r.stdout.count("blocked") == 2, r
+        lines = r.stdout.splitlines()
+        assert lines[0] == "IFACES lo" and lines[1] == "ROUTES 0", r  # nothing but loopback, no way out
+        assert lines[2].startswith("blocked") and "CONNECTED" not in r.stdout, r  # its lo is not the host's
 
     try:
         in_box(backend, spec, body)

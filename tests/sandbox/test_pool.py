@@ -240,3 +240,125 @@ def test_pool_on_real_backend(backend):
         assert not [i for i in backend.live()]
 
     run(body())
+
+
+# ---------------------------------------------------------------------------------------------- background refill
+
+
+async def _settle(pool: SandboxPool) -> None:
+    """Wait for the pool's background work (refills, destroys) to finish."""
+    while pool._background:
+        await asyncio.gather(*list(pool._background), return_exceptions=True)
+
+
+def test_retired_sandbox_is_replaced_in_the_background():
+    async def body():
+        backend = TwinBackend(create_s=0.2)
+        async with SandboxPool(backend, max_uses=1) as pool:
+            lease = await pool.acquire()
+            await pool.release(lease)  # used up: destroyed, and a replacement is started
+            assert lease.id not in backend.alive
+            await _settle(pool)
+            assert pool.stats.refilled == 1 and pool.live_count() == 1
+            t0 = time.monotonic()
+            fresh = await pool.acquire()
+            assert time.monotonic() - t0 < 0.1 and fresh.id != lease.id  # no create on the episode's path
+            await pool.release(fresh)
+        assert backend.alive == set()
+
+    run(body())
+
+
+def test_an_episode_takes_the_replacement_being_made_instead_of_its_own():
+    async def body():
+        backend = TwinBackend(create_s=0.3)
+        async with SandboxPool(backend, max_uses=1) as pool:
+            lease = await pool.acquire()
+            await pool.release(lease)
+            await asyncio.sleep(0.15)  # the replacement is half made
+            t0 = time.monotonic()
+            fresh = await pool.acquire()
+            assert time.monotonic() - t0 < 0.25  # waited for the rest of that create only
+            assert backend.created == 2 and pool.stats.refilled == 1
+            await pool.release(fresh)
+            await _settle(pool)
+        assert backend.alive == set()
+
+    run(body())
+
+
+def test_refill_is_sized_to_the_peak_of_leases_in_flight():
+    async def body():
+        backend = TwinBackend(create_s=0.01)
+        async with SandboxPool(backend, max_size=8, max_uses=1) as pool:
+            leases = [await pool.acquire() for _ in range(3)]
+            for lease in leases:
+                await pool.release(lease)
+            await _settle(pool)
+            assert pool.live_count() == 3 and len(pool._idle[pool.default_spec.key()]) == 3  # not 8
+            leases = await asyncio.gather(*(pool.acquire() for _ in range(3)))
+            assert backend.created == 6  # all three taken warm
+            for lease in leases:
+                await pool.release(lease)
+        assert backend.alive == set()
+
+    run(body())
+
+
+def test_failed_background_create_falls_back_to_the_episodes_own():
+    async def body():
+        backend = TwinBackend(create_s=0.05)
+        async with SandboxPool(backend, max_uses=1) as pool:
+            lease = await pool.acquire()
+            real_create = backend.create
+            calls = []
+
+            async def flaky(spec):
+                calls.append(1)
+                if len(calls) == 1:
+                    await asyncio.sleep(0.05)
+                    raise SandboxError("engine hiccup")
+                return await real_create(spec)
+
+            backend.create = flaky
+            await pool.release(lease)  # the replacement's create will fail
+            fresh = await pool.acquire(deadline=time.monotonic() + 5)
+            assert fresh.id != lease.id and len(calls) == 2
+            await pool.release(fresh)
+            await _settle(pool)
+        assert backend.alive == set()
+
+    run(body())
+
+
+def test_close_during_refill_leaves_nothing():
+    async def body():
+        backend = TwinBackend(create_s=0.3)
+        pool = SandboxPool(backend, max_uses=1)
+        lease = await pool.acquire()
+        await pool.release(lease)
+        await asyncio.sleep(0.05)
+        assert pool._background  # the replacement is being made
+        await pool.close()
+        await asyncio.sleep(0.35)
+        assert backend.alive == set() and pool.live_count() == 0
+
+    run(body())
+
+
+def test_stale_idle_sandbox_is_destroyed_off_the_episodes_path():
+    async def body():
+        backend = TwinBackend()
+        spec = SandboxSpec(lifetime_s=0.1)
+        async with SandboxPool(backend) as pool:
+            lease = await pool.acquire(spec)
+            await pool.release(lease)  # young enough to keep
+            await asyncio.sleep(0.15)
+            fresh = await pool.acquire(spec)  # the idle one is stale: dropped in the background
+            assert fresh.id != lease.id
+            await _settle(pool)
+            assert lease.id not in backend.alive
+            await pool.release(fresh)
+        assert backend.alive == set()
+
+    run(body())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 import relax_gym
@@ -61,6 +63,10 @@ def test_gold_policy_reaches_max_reward(backend):
 
 
 def test_hostile_and_broken_code_are_tool_errors_not_crashes(backend):
+    host = socket.socket()  # a listener on the host's loopback: the agent's code must not reach it
+    host.bind(("127.0.0.1", 0))
+    host.listen(1)
+    host.settimeout(0.5)
     env = relax_gym.make("tool-use", backend=backend.name, code_timeout_s=2.0)
     try:
         env.reset(seed=1)
@@ -68,10 +74,14 @@ def test_hostile_and_broken_code_are_tool_errors_not_crashes(backend):
         assert not terminated and "[killed: ran longer than 2 s]" in obs[0].text
         obs, *_ = env.step(call("raise ValueError('nope')"))
         assert "ValueError: nope" in obs[0].text and "[exit code 1]" in obs[0].text
-        obs, *_ = env.step(call("import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)"))
-        assert "OSError" in obs[0].text or "Error" in obs[0].text
+        port = host.getsockname()[1]
+        obs, *_ = env.step(call(f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"))
+        assert "ConnectionRefusedError" in obs[0].text or "OSError" in obs[0].text, obs[0].text
+        with pytest.raises(TimeoutError):
+            host.accept()  # nothing came in
     finally:
         env.close()
+        host.close()
     assert not shared_pool(backend.name)._leases
 
 

@@ -12,8 +12,20 @@ from relax_gym.trainer.rollout.episode import Trajectory
 from relax_gym.trainer.rollout.samples import masked_summary, summary_dict
 from relax_gym.trainer.run.checkpoint import data_cursor
 from relax_gym.trainer.run.schedule import Schedule
-from relax_gym.trainer.run.seeds import eval_seeds, prompt_seed, step_seed_base, train_seeds
-from relax_gym.trainer.run.step_row import episodes_masked, eval_row, rollout_row, summary_end, summary_start
+from relax_gym.trainer.run.seeds import (
+    eval_seeds,
+    prompt_seed,
+    step_seed_base,
+    train_seeds,
+)
+from relax_gym.trainer.run.step_row import (
+    bus_bytes,
+    episodes_masked,
+    eval_row,
+    rollout_row,
+    summary_end,
+    summary_start,
+)
 
 
 def episode(reward, status="ok", breakdown=None, tokens=10, tool_calls=0, mask=(0, 1, 1)):
@@ -124,3 +136,26 @@ def test_a_component_seen_once_stays_in_every_later_row():
     last = eval_row(truncated)  # a row built without the run's memory has no components ...
     assert "eval_accuracy" not in last
     assert summary_end(last, first) == {"eval_reward_end": 0.0, "eval_accuracy_end": 0.0, "eval_format_end": 0.0}
+
+
+def test_bus_bytes_are_summed_in_async_rows_only():
+    base = {"reward": 1.0, "status": "ok", "trainable": True, "completion_tokens": 3}
+    async_eps = [{**base, "bus_bytes": 1000, "media_bytes_saved": 3000}, {**base, "bus_bytes": 40, "media_bytes_saved": 0}]
+    assert bus_bytes(async_eps) == {"bus_bytes_put": 1040, "bus_media_bytes_saved": 3000}
+    assert bus_bytes([base]) == {}  # colocate: no bus
+
+
+def test_tool_metrics_and_the_crash_warning(caplog):
+    from relax_gym.trainer.run.step_row import tool_metrics, warn_on_tool_crashes
+
+    quiet = [{"tool_calls": 0}] * 3
+    assert tool_metrics(quiet) == {}
+    eps = [{"tool_calls": 2, "tool_errors": 1, "tool_crashes": 1}, {"tool_calls": 3, "tool_errors": 0, "tool_crashes": 0},
+           {"tool_calls": 1, "tool_errors": 1, "tool_crashes": 0}, {"tool_calls": 0}]
+    row = tool_metrics(eps)
+    assert row == {"tool_calls": 6, "tool_errors": 2, "tool_crash_episodes": 1}
+    with caplog.at_level("WARNING"):
+        assert "a tool raised in 1 of 4 episodes" in warn_on_tool_crashes(row, 4, step=7)
+        assert warn_on_tool_crashes(row, 20, step=8) is None  # 1 in 20 is under the 10% share
+        assert warn_on_tool_crashes({}, 4, step=9) is None
+    assert [r.getMessage()[:6] for r in caplog.records] == ["step 7"]

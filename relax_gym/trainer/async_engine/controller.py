@@ -56,7 +56,7 @@ from relax_gym.trainer.async_engine.deploy import RoleSpec, Topology, ensure_ray
 from relax_gym.trainer.async_engine.ledger import SampleLedger
 from relax_gym.trainer.rewards.judge_host import resolve_judge
 from relax_gym.trainer.run.base_model import resolve_base
-from relax_gym.trainer.run.checkpoint import (CRITIC_DIR, REFERENCE_DIR, CheckpointError, ResumePoint, eval_history,
+from relax_gym.trainer.run.checkpoint import (CRITIC_DIR, REFERENCE_DIR, CheckpointError, CheckpointFailures, ResumePoint, eval_history,
                                               resume_point)
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.dcs.push import weight_transport
@@ -66,7 +66,7 @@ from relax_gym.trainer.run.metrics import MetricsWriter
 from relax_gym.trainer.run.schedule import Schedule
 from relax_gym.trainer.run.seeds import eval_seeds, prompt_seed
 from relax_gym.trainer.run.step_row import (RewardComponents, episodes_masked, eval_row, rollout_row, summary_end,
-                                            summary_start)
+                                            summary_start, warn_on_tool_crashes)
 from relax_gym.trainer.run.warmup import report_warmup_row
 from relax_gym.trainer.policy.moe import routing_dims
 from relax_gym.trainer.async_engine.recovery import GlobalRestart, RecoveryError, is_replica_failure, kill_rank, kill_replica
@@ -100,6 +100,7 @@ class AsyncTrainer:
         if cfg.judge is not None:  # a named judge is built here once; the genrm replicas load its checkpoint
             cfg = cfg.model_copy(update={"judge": resolve_judge(cfg.judge)})
         self.cfg = cfg
+        self.checkpoint_failures = CheckpointFailures()
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.progress = progress or (lambda event, data: None)
         self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard,
@@ -107,7 +108,7 @@ class AsyncTrainer:
         self.faults = FaultSchedule(cfg.faults, self.run_dir)
         self.schedule = Schedule(cfg.trainer)  # eval / checkpoint / stop after each step, and the run's clock
         self.components = RewardComponents()  # the reward components seen in the run: every row keeps them
-        self.topology = Topology(cfg)
+        self.topology = Topology(cfg, str(self.run_dir))
         self.ledger = SampleLedger(cfg.trainer)
         self.level1: Counter[str] = Counter()  # replicas replaced in topologies already torn down, by role
         self.level2 = 0  # global restarts
@@ -174,7 +175,7 @@ class AsyncTrainer:
         if "critic" in self.handles:  # ppo: the value model starts from the warmed-up policy, or the checkpoint's critic
             await self._start_critic(resumed is None, first=resumed.step if resumed is not None else 0)
         if resumed is None:
-            last_eval = first_eval = await self._evaluate()
+            last_eval = first_eval = await self._evaluate(0)
             self.metrics.write(0, {**last_eval, "policy_version": self.version})
             self.progress("eval", {"step": 0, **last_eval})
         else:  # continue after the checkpoint: its step, its clock
@@ -213,13 +214,14 @@ class AsyncTrainer:
                 await self.bus.drop_partition(k)
                 now = time.perf_counter()
                 row = self._step_row(res, roll, stream_answers[0], step_s=now - previous, elapsed=now - start)
+                warn_on_tool_crashes(row, len(roll["episodes"]), k + 1)
                 previous = now
                 steps_done = k + 1
                 waits.append((row["data_wait_s"], row["time_step_s"]))
                 self.lr_gate.observe(row["reward_mean"], progress(steps_done, t.steps, self.schedule.elapsed(), t.time_budget_s))
                 plan = self.schedule.after(steps_done)
                 if plan.eval:
-                    last_eval = await self._evaluate()
+                    last_eval = await self._evaluate(steps_done)
                     row.update(last_eval)
                 self.metrics.write(steps_done, row)
                 self.progress("step", {"step": steps_done, "of": t.steps, **row, "eval_reward": last_eval["eval_reward"]})
@@ -245,7 +247,7 @@ class AsyncTrainer:
             "data_wait_fraction_steady": _share(waits[t.max_staleness + 1 :]),  # once the pipeline is full
             **ledger.figures(), "policy_version": self.version,
             "stragglers": t.stragglers, "samples_discarded_stale": len(ledger.discarded),
-            **await self._recovery_figures(steps_done),
+            **await self._recovery_figures(steps_done), **self.checkpoint_failures.figures(),
         })
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
@@ -363,13 +365,15 @@ class AsyncTrainer:
         })
         return row
 
-    async def _evaluate(self) -> dict[str, float]:
-        """The colocate trainer's eval: greedy episodes on the eval split (:func:`~relax_gym.trainer.run.seeds.eval_seeds`)."""
+    async def _evaluate(self, step: int) -> dict[str, float]:
+        """The colocate trainer's eval: greedy episodes on the eval split (:func:`~relax_gym.trainer.run.seeds.eval_seeds`);
+        ``step``: the metrics step it belongs to (its rollout records go to that step's file)."""
         seeds = eval_seeds(self.cfg.trainer.eval_episodes)
         worker = self.handles["env_worker"]
         chunks = [seeds[i : i + EVAL_CHUNK] for i in range(0, len(seeds), EVAL_CHUNK)]
-        answers = await asyncio.gather(*(self.supervisor.call("env_worker", lambda c=c: worker.evaluate.remote(c), "eval")
-                                         for c in chunks))
+        answers = await asyncio.gather(*(self.supervisor.call(
+            "env_worker", lambda i=i, c=c: worker.evaluate.remote(c, step=step, first_index=i * EVAL_CHUNK), "eval")
+            for i, c in enumerate(chunks)))
         episodes = [e for a in answers for e in a]
         return {**eval_row(episodes, self.components.observe(episodes)), "eval_policy_version": self.version}
 
@@ -461,7 +465,11 @@ class AsyncTrainer:
             critic = self.handles["critic"]
             parts[CRITIC_DIR] = await self.supervisor.call("critic", lambda: critic.save.remote(step, str(self.run_dir)),
                                                            f"critic checkpoint {step}")
-        await self._actor(lambda: actor.checkpoint.remote(step, str(self.run_dir), extra, parts), f"checkpoint {step}")
+        written = await self._actor(lambda: actor.checkpoint.remote(step, str(self.run_dir), extra, parts),
+                                    f"checkpoint {step}")
+        if written["error"]:
+            self.checkpoint_failures.record(step, written["error"])
+            self.progress("checkpoint_failed", {"step": step, "error": written["error"]})
 
     async def _start_critic(self, fresh: bool, first: int) -> None:
         """Build the critic role's value model: from the warmed-up policy (``fresh``: saved by the actor, or the

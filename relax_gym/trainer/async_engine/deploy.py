@@ -42,10 +42,11 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def plan_roles(cfg: RelaxConfig, bus: Any, coordinator: Any, app_prefix: str, *, registry: Any = None,
-               resume_from: str | None = None, slots: Any = None) -> list[RoleSpec]:
+               resume_from: str | None = None, slots: Any = None, run_dir: str | None = None) -> list[RoleSpec]:
     """The deployments of an async run, from the config (pure: no Ray calls). ``registry``: the replica registry
     every role announces itself to; ``resume_from``: the checkpoint the actor starts from; ``slots``: the run's
-    carry slots (``trainer.stragglers: carry``), given to the env workers."""
+    carry slots (``trainer.stragglers: carry``), given to the env workers; ``run_dir``: where the env workers write
+    the rollout records of the episodes they play (None: none)."""
     t, roles = cfg.trainer, cfg.roles
     plain = cfg.model_dump(mode="json")
     per_step = t.prompts_per_step * t.group_size
@@ -58,7 +59,7 @@ def plan_roles(cfg: RelaxConfig, bus: Any, coordinator: Any, app_prefix: str, *,
                  {"coordinator": coordinator, "torch_threads": roles.inference.torch_threads}, roles.inference),
         RoleSpec("env_worker", "relax_gym.trainer.async_engine.roles.env_worker:EnvWorkerRole", (plain, bus, f"{app_prefix}-inference"),
                  {"pool_size": _ceil_div(in_flight, workers), "eval_pool_size": _ceil_div(min(t.concurrency, t.eval_episodes), workers),
-                  "torch_threads": roles.env_worker.torch_threads, "slots": slots}, roles.env_worker),
+                  "torch_threads": roles.env_worker.torch_threads, "slots": slots, "run_dir": run_dir}, roles.env_worker),
         RoleSpec("advantages", "relax_gym.trainer.async_engine.roles.advantages:AdvantagesRole", (plain["algorithm"], bus), {}, roles.advantages),
         RoleSpec("actor", "relax_gym.trainer.async_engine.roles.actor:ActorRole", (plain, bus, coordinator),
                  {"torch_threads": roles.actor.torch_threads}, roles.actor),
@@ -129,8 +130,9 @@ class Topology:
     """One deployment of the run's roles. Its names start with ``prefix`` (a new one after each global restart);
     the TransferQueue actors (``roles.bus: transferqueue``) are started once and outlive a teardown."""
 
-    def __init__(self, cfg: RelaxConfig) -> None:
+    def __init__(self, cfg: RelaxConfig, run_dir: str | None = None) -> None:
         self.cfg = cfg
+        self.run_dir = run_dir  # the env workers write rollout records there
         self.prefix = new_prefix()
         self.handles: dict[str, Any] = {}
         self.apps: list[str] = []
@@ -164,7 +166,7 @@ class Topology:
                 t.prompts_per_step, t.max_staleness, first=first_step, end=t.steps)
             self.actors.append(self.slots)
         specs = plan_roles(self.cfg, link, coordinator, self.prefix, registry=registry, resume_from=resume_from,
-                           slots=self.slots)
+                           slots=self.slots, run_dir=self.run_dir)
         targets = []
         for spec in specs:
             s = spec.section

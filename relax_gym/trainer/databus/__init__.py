@@ -14,6 +14,10 @@ micro-batches as soon as enough rows have all of them:
   of waiting, and ``None`` once everything is acked or out on a lease for that task; ``timeout`` bounds the wait;
 - tensors come back as one plain tensor per row (lengths may differ), dict fields such as ``mm`` as one dict of
   tensors per row, bit-identical with the same dtypes; Python scalars stay Python values (tuples become lists).
+- media shared by several rows (a group's video) go with a put once, by key (``put(rows, media={key: tensor})``;
+  a key the partition already stores is not written again), and are read back by key (``get_media``); they are
+  not rows: no sample id, not counted by ``expected_rows``, a seal or a group, never fetched, dropped with the
+  partition (see :mod:`.media`).
 
 Two implementations keep one contract: :class:`InProcessBus` (asyncio, one process — unit tests) and
 :class:`TransferQueueBus` (TransferQueue + a shared ledger actor in the Ray session; see its module for how it works

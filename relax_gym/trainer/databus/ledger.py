@@ -69,6 +69,7 @@ class _Partition:
     acked: dict[str, set[str]] = field(default_factory=dict)  # task -> sample ids done
     leased: dict[str, dict[str, str]] = field(default_factory=dict)  # task -> sample id -> lease id
     next_seq: int = 0
+    media: dict[str, int] = field(default_factory=dict)  # stored media key -> its bytes (not rows: see media_*)
 
 
 class DeliveryLedger:
@@ -235,6 +236,29 @@ class DeliveryLedger:
             self._lapsed.pop(lease_id)
         return len(part.rows) if part is not None else 0
 
+    # ---- media (tensors stored once per partition by key; not rows: no sample id, never counted or fetched)
+    def media_missing(self, partition: int, keys: list[str]) -> list[str]:
+        """The ``keys`` the partition does not store yet (a put writes only those). Opens the partition, as a put
+        does; refused on a dropped one."""
+        part = self._part(partition, create=True)
+        assert part is not None
+        return [k for k in dict.fromkeys(keys) if k not in part.media]
+
+    def media_bind(self, partition: int, sizes: dict[str, int]) -> None:
+        """Record media keys whose tensors have landed in storage (``sizes``: key -> bytes), so that later puts
+        skip them and reads find them."""
+        part = self._part(partition, create=True)
+        assert part is not None
+        part.media.update(sizes)
+
+    def media_check(self, partition: int, keys: list[str]) -> None:
+        """Refuse a read of media keys the partition does not store, naming the partition and the first keys."""
+        part = self._part(partition, create=False)
+        unknown = [k for k in keys if part is None or k not in part.media]
+        if unknown:
+            shown = ", ".join(repr(k) for k in unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+            raise DataBusInputError(f"partition {partition} stores no media under {shown}")
+
     # ---- delivery
     def pick(self, partition: int, task: str, batch_size: int, *, ready_ids: Iterable[str] | None = None,
              ready_indexes: Iterable[int] | None = None, whole_groups: bool = False) -> Pick:
@@ -360,9 +384,10 @@ class DeliveryLedger:
         part = self._parts.get(partition)
         if part is None:
             return {"rows": 0, "sealed": None, "expected_rows": None, "group_size": None, "dropped":
-                    partition in self._dropped, "acked": 0, "leased": 0}
+                    partition in self._dropped, "acked": 0, "leased": 0, "media": 0, "media_bytes": 0}
         out: dict[str, Any] = {"rows": len(part.rows), "sealed": part.sealed, "expected_rows": part.expected_rows,
-                               "group_size": part.group_size, "dropped": False}
+                               "group_size": part.group_size, "dropped": False, "media": len(part.media),
+                               "media_bytes": sum(part.media.values())}
         if task is not None:
             out["acked"] = len(part.acked.get(task, ()))
             out["leased"] = len(part.leased.get(task, {}))
@@ -405,7 +430,8 @@ class Stats:
     """Per-bus-instance counters behind ``DataBus.stats()``."""
 
     KEYS = ("puts", "rows", "put_fields", "fetches", "fetched_rows", "empty_fetches", "acks", "acked_rows",
-            "given_back", "fetch_wait_s", "polls", "waits")
+            "given_back", "fetch_wait_s", "polls", "waits", "bytes_put", "media_put", "media_bytes_put", "media_reused",
+            "media_bytes_reused", "media_gets", "media_bytes_got")
 
     def __init__(self) -> None:
         self._v = dict.fromkeys(self.KEYS, 0.0)

@@ -62,8 +62,11 @@ class RemoteBus:
     async def open_partition(self, partition: int, *, expected_rows: int | None = None, group_size: int | None = None) -> None:
         await self._call("open_partition", partition, expected_rows=expected_rows, group_size=group_size)
 
-    async def put(self, partition: int, rows: list[dict[str, Any]]) -> None:
-        await self._call("put", partition, rows)
+    async def put(self, partition: int, rows: list[dict[str, Any]], *, media: dict[str, Any] | None = None) -> None:
+        await self._call("put", partition, rows, media=media)
+
+    async def get_media(self, partition: int, keys: list[str]) -> dict[str, Any]:
+        return await self._call("get_media", partition, keys)
 
     async def put_fields(self, partition: int, sample_ids: list[str], fields: dict[str, list[Any]]) -> None:
         await self._call("put_fields", partition, sample_ids, fields)

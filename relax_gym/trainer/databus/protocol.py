@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+
+import torch
 
 SAMPLE_ID = "sample_id"
 
@@ -57,8 +60,12 @@ class DataBus(Protocol):
         """Declare a partition: at most ``expected_rows`` rows, groups of ``group_size`` (needed for whole-group
         fetches; rows must then carry the group field). Idempotent; ``put`` also opens a partition implicitly."""
 
-    async def put(self, partition: int, rows: list[dict[str, Any]]) -> None:
-        """Add new rows; each has a unique ``sample_id`` and at least one field."""
+    async def put(self, partition: int, rows: list[dict[str, Any]], *,
+                  media: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Add new rows; each has a unique ``sample_id`` and at least one field. ``media``: tensors by key that the
+        rows reference (e.g. a group's shared video), stored once per partition (a key already there is not written
+        again) and before the rows, so a fetched row's references always resolve. Media are not rows: they have no
+        sample id, count for no ``expected_rows``, seal or group, are never fetched, and go with the partition."""
 
     async def put_fields(self, partition: int, sample_ids: list[str], fields: dict[str, list[Any]]) -> None:
         """Add (or overwrite) columns of existing rows; ``fields[name][i]`` belongs to ``sample_ids[i]``."""
@@ -70,6 +77,10 @@ class DataBus(Protocol):
                     whole_groups: bool = False, timeout: float | None = None) -> BusBatch | None:
         """Lease up to ``batch_size`` rows that have all ``fields`` and that ``task`` has not had (or got back).
         Returns None on timeout or when the sealed partition has nothing left for the task."""
+
+    async def get_media(self, partition: int, keys: list[str]) -> dict[str, torch.Tensor]:
+        """Read stored media tensors by key (read-only; bit-identical to what was put). A key the partition does
+        not store is a :class:`DataBusInputError` naming it."""
 
     async def ack(self, batch: BusBatch) -> None:
         """The batch is processed: its rows are done for its task."""
@@ -86,7 +97,9 @@ class DataBus(Protocol):
 
     def stats(self) -> dict[str, float]:
         """This instance's counters: puts, rows (rows put), put_fields, fetches, fetched_rows, empty_fetches, acks,
-        acked_rows, given_back (rows), fetch_wait_s, polls (readiness reads), waits (sleeps on a wake-up)."""
+        acked_rows, given_back (rows), fetch_wait_s, polls (readiness reads), waits (sleeps on a wake-up);
+        bytes_put (payload bytes of rows, columns and media put), media_put / media_bytes_put (tensors written),
+        media_reused / media_bytes_reused (already stored: not written again), media_gets / media_bytes_got."""
 
     async def close(self) -> None:
         """Release this instance's resources."""

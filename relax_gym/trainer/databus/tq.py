@@ -6,6 +6,9 @@ How the bus maps onto TransferQueue:
 - A bus partition ``k`` of scope ``s`` is the TransferQueue partition ``"s/step{k}"``; a row is a TransferQueue key
   (its ``sample_id``), created with ``kv_retrieve_meta(create=True)``; a field is a column. ``put`` writes new keys,
   ``put_fields`` writes new columns for existing keys, ``drop_partition`` clears the partition.
+- Media (``put(..., media=)``) are keys ``media:<key>`` of the same partition with one field, ``media``: never
+  registered in the ledger (no fetch counts or hands them out: they lack every sample field anyway), written once
+  (the ledger records which keys a partition stores), read by key with ``get_media``, cleared with the partition.
 - Small tensors whose rows share one shape (scalars, short vectors) are written stacked; everything else (large or
   ragged tensors, dicts such as ``mm``, Python scalars, strings) as a non-tensor column, which TransferQueue
   serialises value by value with tensors as raw buffers — no copy on the way in, and ``mm`` comes back
@@ -40,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -58,12 +62,19 @@ from relax_gym.trainer.databus.ledger import (
     Pick,
     Stats,
 )
+from relax_gym.trainer.databus.media import (
+    check_media,
+    check_media_keys,
+    payload_bytes,
+    tensor_bytes,
+)
 from relax_gym.trainer.databus.protocol import (
     ERRORS,
     SAMPLE_ID,
     BusBatch,
     DataBus,
     DataBusError,
+    DataBusInputError,
 )
 from relax_gym.trainer.databus.tq_system import (
     CONTROLLER_NAME,
@@ -79,6 +90,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TransferQueueBus", "tq_client"]
 
+MEDIA_ROW = "media:"  # TransferQueue key prefix of a partition's media rows (sample ids never start with it)
+MEDIA_FIELD = "media"  # their one field
 STACK_BELOW_BYTES = 64 * 1024  # rows smaller than this are stacked into one block (fewer frames than rows)
 
 
@@ -175,17 +188,26 @@ class TransferQueueBus(DataBus):
                              group_size: int | None = None) -> None:
         await self._call("open", check_partition(partition), expected_rows, group_size)
 
-    async def put(self, partition: int, rows: list[dict[str, Any]]) -> None:
+    async def put(self, partition: int, rows: list[dict[str, Any]], *,
+                  media: Mapping[str, torch.Tensor] | None = None) -> None:
         ids, bodies = check_rows(partition, rows)
-        if not ids:
+        media = check_media(partition, media)
+        if not ids and not media:
             return
+        clash = [sid for sid in ids if sid.startswith(MEDIA_ROW)]
+        if clash:
+            raise DataBusInputError(f"partition {partition}: sample_id {clash[0]!r} starts with {MEDIA_ROW!r}, which "
+                                    f"names the partition's media on this bus")
         names = list(dict.fromkeys(k for b in bodies for k in b))
         dtypes = column_dtypes(partition, {n: [b[n] for b in bodies if n in b] for n in names})
         client = await self._connect()
-        # replace_unbound: a producer that died between registering these rows and writing them left them behind
-        await self._call("register", partition, ids, [b.get(self.group_field) for b in bodies], dtypes,
-                         self.group_field, replace_unbound=True)
+        if ids:  # replace_unbound: a producer that died between registering these rows and writing them left them
+            await self._call("register", partition, ids, [b.get(self.group_field) for b in bodies], dtypes,
+                             self.group_field, replace_unbound=True)
         try:
+            await self._put_media(client, partition, media)  # before the rows: their references must resolve
+            if not ids:
+                return
             meta = await client.async_kv_retrieve_meta(keys=ids, partition_id=self._pid(partition), create=True)
             # rows with the same fields go in one write; rows that lack some field get their own
             signatures: dict[tuple[str, ...], list[int]] = {}
@@ -196,10 +218,51 @@ class TransferQueueBus(DataBus):
                 await client.async_put(data, metadata=meta.select_samples(positions))
             await self._call("bind", partition, ids, list(meta.global_indexes))
         except BaseException:
-            await asyncio.shield(self._call("unregister", partition, ids))
+            if ids:
+                await asyncio.shield(self._call("unregister", partition, ids))
             raise
         self._stats.add("puts")
         self._stats.add("rows", len(ids))
+        self._stats.add("bytes_put", payload_bytes(bodies) + payload_bytes(ids))
+
+    async def _put_media(self, client: Any, partition: int, media: dict[str, torch.Tensor]) -> None:
+        """Write the media the partition does not store yet as rows ``media:<key>`` of one field, ``media``, that
+        the ledger never registers (so no fetch counts or hands them out; see :mod:`.media`), then record them."""
+        if not media:
+            return
+        new = await self._call("media_missing", partition, list(media))
+        for key in media.keys() - set(new):
+            self._stats.add("media_reused")
+            self._stats.add("media_bytes_reused", tensor_bytes(media[key]))
+        if not new:
+            return
+        meta = await client.async_kv_retrieve_meta(keys=[MEDIA_ROW + k for k in new], partition_id=self._pid(partition),
+                                                   create=True)
+        # each tensor inside a dict, as mm_inputs travels: a non-tensor value sent as its raw buffer, with its own
+        # dtype and shape (a plain tensor column would be packed into one nested tensor of one dtype)
+        await client.async_put(self._tensordict({MEDIA_FIELD: [{"tensor": media[k]} for k in new]}, len(new)),
+                               metadata=meta)
+        sizes = {k: tensor_bytes(media[k]) for k in new}
+        await self._call("media_bind", partition, sizes)
+        self._stats.add("media_put", len(new))
+        self._stats.add("media_bytes_put", sum(sizes.values()))
+        self._stats.add("bytes_put", sum(sizes.values()))
+
+    async def get_media(self, partition: int, keys: list[str]) -> dict[str, torch.Tensor]:
+        keys = check_media_keys(check_partition(partition), keys)
+        client = await self._connect()
+        await self._call("media_check", partition, keys)
+        meta = await client.async_kv_retrieve_meta(keys=[MEDIA_ROW + k for k in keys], partition_id=self._pid(partition),
+                                                   create=False)
+        if meta.size != len(keys):
+            raise DataBusError(f"partition {partition}: TransferQueue holds {meta.size} of the {len(keys)} media "
+                               f"read (was the partition dropped meanwhile?)")
+        data = await client.async_get_data(meta.select_fields([MEDIA_FIELD]))
+        values = _unpack(dict(data.items())[MEDIA_FIELD])
+        out = {k: v["tensor"] for k, v in zip(keys, values, strict=True)}
+        self._stats.add("media_gets")
+        self._stats.add("media_bytes_got", sum(tensor_bytes(t) for t in out.values()))
+        return out
 
     async def put_fields(self, partition: int, sample_ids: list[str], fields: dict[str, list[Any]]) -> None:
         ids, columns = check_columns(partition, sample_ids, fields)
@@ -212,6 +275,7 @@ class TransferQueueBus(DataBus):
         await client.async_put(self._tensordict(columns, len(ids)), metadata=meta)
         await self._call("touch", partition)  # wakes the fetches waiting for these fields
         self._stats.add("put_fields")
+        self._stats.add("bytes_put", payload_bytes(columns))
 
     async def seal(self, partition: int, n_rows: int) -> None:
         await self._call("seal", check_partition(partition), n_rows)

@@ -1,6 +1,6 @@
 """In-process twin of the data bus: the same contract as the TransferQueue bus, held in one asyncio event loop.
 
-Rows live in a dict per partition; the delivery ledger (shared with the TransferQueue bus) decides what each fetch
+Rows live in a dict per partition, media tensors (``put(..., media=)``) in another, by key; the delivery ledger (shared with the TransferQueue bus) decides what each fetch
 gets. A fetch that has nothing to take sleeps on an :class:`asyncio.Condition` that every write, seal, give-back and
 drop notifies, and wakes early only for the next lease deadline — it never polls on a fixed interval.
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,12 @@ from relax_gym.trainer.databus.checks import (
     column_dtypes,
 )
 from relax_gym.trainer.databus.ledger import BATCH, EXHAUSTED, DeliveryLedger, Stats
+from relax_gym.trainer.databus.media import (
+    check_media,
+    check_media_keys,
+    payload_bytes,
+    tensor_bytes,
+)
 from relax_gym.trainer.databus.protocol import (
     SAMPLE_ID,
     BusBatch,
@@ -55,6 +62,7 @@ class InProcessBus(DataBus):
         self.group_field = group_field
         self._ledger = DeliveryLedger(lease_timeout)
         self._rows: dict[int, dict[str, dict[str, Any]]] = {}
+        self._media: dict[int, dict[str, torch.Tensor]] = {}  # partition -> media key -> tensor
         self._changed = asyncio.Condition()
         self._stats = Stats()
         self._closed = False
@@ -66,21 +74,52 @@ class InProcessBus(DataBus):
         self._rows.setdefault(partition, {})
         await self._notify()
 
-    async def put(self, partition: int, rows: list[dict[str, Any]]) -> None:
+    async def put(self, partition: int, rows: list[dict[str, Any]], *,
+                  media: Mapping[str, torch.Tensor] | None = None) -> None:
         self._check_open()
         ids, bodies = check_rows(partition, rows)
-        if not ids:
+        media = check_media(partition, media)
+        if not ids and not media:
             return
         names = list(dict.fromkeys(k for b in bodies for k in b))
         dtypes = column_dtypes(partition, {n: [b[n] for b in bodies if n in b] for n in names})
         groups = [b.get(self.group_field) for b in bodies]
-        self._ledger.register(partition, ids, groups, dtypes, self.group_field)
+        # no await from here on: the media, the ledger's rows and the stored rows change together
+        new = set(self._ledger.media_missing(partition, list(media)))
+        if ids:
+            self._ledger.register(partition, ids, groups, dtypes, self.group_field)
+        self._store_media(partition, media, new)
         store = self._rows.setdefault(partition, {})
         for sid, body in zip(ids, bodies, strict=True):
             store[sid] = {k: copy_value(v) for k, v in body.items()}
-        self._stats.add("puts")
-        self._stats.add("rows", len(ids))
+        if ids:
+            self._stats.add("puts")
+            self._stats.add("rows", len(ids))
+            self._stats.add("bytes_put", payload_bytes(bodies) + payload_bytes(ids))
         await self._notify()
+
+    def _store_media(self, partition: int, media: dict[str, torch.Tensor], new: set[str]) -> None:
+        store = self._media.setdefault(partition, {})
+        for key, tensor in media.items():
+            size = tensor_bytes(tensor)
+            if key in new:
+                store[key] = copy_value(tensor)
+                self._stats.add("media_put")
+                self._stats.add("media_bytes_put", size)
+                self._stats.add("bytes_put", size)
+            else:
+                self._stats.add("media_reused")
+                self._stats.add("media_bytes_reused", size)
+        self._ledger.media_bind(partition, {k: tensor_bytes(media[k]) for k in new})
+
+    async def get_media(self, partition: int, keys: list[str]) -> dict[str, torch.Tensor]:
+        self._check_open()
+        keys = check_media_keys(check_partition(partition), keys)
+        self._ledger.media_check(partition, keys)
+        out = {k: copy_value(self._media[partition][k]) for k in keys}
+        self._stats.add("media_gets")
+        self._stats.add("media_bytes_got", sum(tensor_bytes(t) for t in out.values()))
+        return out
 
     async def put_fields(self, partition: int, sample_ids: list[str], fields: dict[str, list[Any]]) -> None:
         self._check_open()
@@ -90,6 +129,7 @@ class InProcessBus(DataBus):
         for i, sid in enumerate(ids):
             store[sid].update({k: copy_value(v[i]) for k, v in columns.items()})
         self._stats.add("put_fields")
+        self._stats.add("bytes_put", payload_bytes(columns))
         await self._notify()
 
     async def seal(self, partition: int, n_rows: int) -> None:
@@ -153,6 +193,7 @@ class InProcessBus(DataBus):
         self._check_open()
         self._ledger.drop(check_partition(partition))
         self._rows.pop(partition, None)
+        self._media.pop(partition, None)
         await self._notify()
 
     async def progress(self, partition: int, task: str | None = None) -> dict[str, Any]:
@@ -165,6 +206,7 @@ class InProcessBus(DataBus):
     async def close(self) -> None:
         self._closed = True
         self._rows.clear()
+        self._media.clear()
         await self._notify()
 
     # ---- helpers

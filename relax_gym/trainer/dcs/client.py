@@ -9,17 +9,22 @@ Actor side::
     dcs.close()
 
 Engine side, :class:`~relax_gym.trainer.dcs.link.EngineLink` drives one engine through SGLang's HTTP protocol (so a real SGLang server and
-the embedded engine are handled alike): ``/pause_generation`` (``pause_mode``, ``"retract"`` by default: no
-request runs on a half-loaded model and SGLang can then flush its cache), the transport's loading calls
-(``/update_weights_from_distributed`` bucket by bucket or ``/update_weights_from_disk``; the last one carries the
-new ``weight_version``), ``/flush_cache``, ``/continue_generation``, and a ``/get_weight_version`` check that the
-engine reports the pushed version.
+the embedded engine are handled alike): the transport's staging (done while the engines generate: the disk
+transport's shards; over ``tcp`` / ``nccl`` the group, and on engines that stage, every bucket), then
+``/pause_generation`` (``pause_mode``, ``"retract"`` by default: no request runs on a half-loaded model and SGLang
+can then flush its cache), the transport's loading calls (``/apply_staged_weights`` on staging engines,
+``/update_weights_from_distributed`` bucket by bucket or ``/update_weights_from_disk`` otherwise; the last one
+carries the new ``weight_version``), ``/flush_cache``, ``/continue_generation``, and a ``/get_weight_version``
+check that the engine reports the pushed version. :attr:`PushReport.paused_seconds` is how long the engines were
+paused (from the pause call to the last engine's resume).
 
 Failure rules: a push either completes on every engine and :meth:`DCSCoordinator.commit
 <relax_gym.trainer.dcs.coordinator.DCSCoordinator.commit>` records the version, or it raises one
 :class:`DCSPushError` naming the engine that failed and the step, and the coordinator's version stays as it was.
-If the failure came before any weights moved (an engine that cannot be reached is found at the pause step), the
-engines that had been paused are resumed. If it came while loading, the engines may hold a mix of old and new
+If the failure came while staging (a bucket that an engine refused or that did not arrive), no engine was paused
+and none changed its weights or version: the engines go on generating with the weights they had. If the failure
+came before any weights moved (an engine that cannot be reached is found at the pause step), the engines that had
+been paused are resumed. If it came while loading, the engines may hold a mix of old and new
 tensors: they are left paused, so nothing is generated from mixed weights, until a later push completes (or the
 caller resumes them with :meth:`DCSClient.resume`).
 """
@@ -62,12 +67,14 @@ class DCSClient:
     methods. ``transport``: a name (default: the coordinator's) or a :class:`Transport`. ``names``: state_dict
     key → the name engines load (:func:`~relax_gym.trainer.dcs.names.checkpoint_names`); ``bucket_mb``
     overrides the coordinator's bucket size; ``flatten`` / ``master_address`` / ``disk_dir`` configure the
-    transport (see :mod:`~relax_gym.trainer.dcs.transports`)."""
+    transport, and ``staged`` whether ``tcp`` / ``nccl`` engines receive while they generate (None: those that
+    advertise it; see :mod:`~relax_gym.trainer.dcs.transports`)."""
 
     def __init__(self, coordinator: DCSCoordinator | Any, *, transport: str | Transport | None = None,
                  names: Mapping[str, str] | Callable[[str], str] | None = None, bucket_mb: float | None = None,
                  pause_mode: str = "retract", flatten: bool | None = None, master_address: str | None = None,
-                 disk_dir: str | None = None, timeout_s: float = 300.0, group_timeout_s: float = 120.0) -> None:
+                 disk_dir: str | None = None, timeout_s: float = 300.0, group_timeout_s: float = 120.0,
+                 staged: bool | None = None) -> None:
         self.coordinator = coordinator
         self.names = names
         self.bucket_mb = bucket_mb
@@ -78,7 +85,7 @@ class DCSClient:
         else:
             name = transport or self.coordinator.push_plan().transport
             self.transport = make_transport(name, disk_dir=disk_dir, flatten=flatten, master_address=master_address,
-                                            group_timeout_s=group_timeout_s)
+                                            group_timeout_s=group_timeout_s, staged=staged)
         self._links: dict[str, EngineLink] = {}
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dcs")
         self._pool_size = 8
@@ -100,10 +107,10 @@ class DCSClient:
         phases: dict[str, float] = {}
 
         mark = time.perf_counter()
-        staged = self.transport.stage(items, plan.buckets, version)
+        staged = self._stage(links, items, plan, version)
         phases["stage"] = time.perf_counter() - mark
         try:
-            mark = time.perf_counter()
+            mark = paused_at = time.perf_counter()
             self._pause_all(links, version)
             phases["pause"] = time.perf_counter() - mark
 
@@ -113,7 +120,8 @@ class DCSClient:
             except DCSEngineError as exc:
                 if exc.step in _BEFORE_LOADING:  # nothing was sent: the engines may go on with their weights
                     self._each(links, lambda link: link.resume())
-                    self._fail(exc, version, paused=[], loading=False, tail="; no weights were sent and the engines were resumed")
+                    self._fail(exc, version, paused=[], loading=False, untouched=True,
+                               tail="; no weights were sent and the engines were resumed")
                 self._fail(exc, version, paused=[link.url for link in links], loading=True)
             except Exception as exc:  # the actor's side failed (memory, a tensor that cannot be moved, ...)
                 urls = [link.url for link in links]
@@ -129,10 +137,12 @@ class DCSClient:
         except BaseException:
             self.transport.discard(staged)
             raise
+        paused = time.perf_counter() - paused_at
         self.transport.committed(staged)
         self.coordinator.commit(version, [link.url for link in links])
         return PushReport(bytes=nbytes, seconds=time.perf_counter() - t0, buckets=len(plan.buckets),
-                          transport=self.transport.name, version=version, engines=len(links), phases=phases)
+                          transport=self.transport.name, version=version, engines=len(links), phases=phases,
+                          paused_seconds=paused)
 
     def resume(self, urls: Sequence[str] | None = None) -> None:
         """Continue generation on engines a failed push left paused (default: every known engine)."""
@@ -160,6 +170,21 @@ class DCSClient:
         self.close()
 
     # ------------------------------------------------------------------------------------------ internals
+
+    def _stage(self, links: Sequence[EngineLink], items: list[tuple[TensorMeta, torch.Tensor]], plan: PushPlan,
+               version: Version) -> Any:
+        """The transport's stage; a failure there is raised as a :class:`DCSPushError` saying that no engine was
+        paused or changed."""
+        try:
+            return self.transport.stage(links, items, plan.buckets, version, epoch=plan.epoch, pool=self._pool)
+        except DCSEngineError as exc:
+            what = "no weights were sent" if exc.step in _BEFORE_LOADING else "no engine loaded anything"
+            self._fail(exc, version, paused=[], loading=False, untouched=True,
+                       tail=f"; {what} and no engine was paused: they go on with the weights they had")
+        except Exception as exc:  # the actor's side failed (memory, a file that cannot be written, ...)
+            raise DCSPushError(f"push of weight version {version!r} failed on the actor while staging: "
+                               f"{type(exc).__name__}: {exc}; no engine was paused or loaded anything",
+                               url=None, step="stage", version=version, untouched=True) from exc
 
     def _plan(self, state_dict: Mapping[str, torch.Tensor]) -> PushPlan:
         plan = self.coordinator.push_plan(self.bucket_mb)
@@ -190,10 +215,11 @@ class DCSClient:
         return [(t, by_name[t.name]) for t in meta.tensors]
 
     def _size_pool(self, engines: int) -> None:
-        """Every engine's call of a broadcast must run at once (each waits for the others): one thread each."""
-        if engines + 2 > self._pool_size:
+        """Every engine's call of a broadcast must run at once (each waits for the others), and a staged push
+        keeps two calls open per engine: two threads each."""
+        if 2 * engines + 2 > self._pool_size:
             self._pool.shutdown(wait=False)
-            self._pool_size = engines + 2
+            self._pool_size = 2 * engines + 2
             self._pool = ThreadPoolExecutor(max_workers=self._pool_size, thread_name_prefix="dcs")
 
     def _sync_links(self, engines: Sequence[EngineInfo]) -> list[EngineLink]:
@@ -225,7 +251,7 @@ class DCSClient:
         others = f" ({len(errors) - 1} more engine(s) failed too: {list(errors)[1:]})" if len(errors) > 1 else ""
         raise DCSPushError(f"push of weight version {version!r} failed at engine {url}: {_cause(exc)}{others}; "
                            "no weights were sent and the other engines were resumed",
-                           url=url, step="pause_generation", version=version)
+                           url=url, step="pause_generation", version=version, untouched=True)
 
     def _finish_all(self, links: Sequence[EngineLink], version: Version) -> None:
         def finish(link: EngineLink) -> None:
@@ -241,7 +267,8 @@ class DCSClient:
             still_paused = [u for u, e in errors.items() if getattr(e, "step", "") != "get_weight_version"]
             self._fail(exc, version, paused=still_paused, loading=False)
 
-    def _fail(self, exc: BaseException, version: Version, *, paused: Sequence[str], loading: bool, tail: str = "") -> NoReturn:
+    def _fail(self, exc: BaseException, version: Version, *, paused: Sequence[str], loading: bool, tail: str = "",
+              untouched: bool = False) -> NoReturn:
         url = getattr(exc, "url", "?")
         step = getattr(exc, "step", "load")
         if not tail and loading:
@@ -250,13 +277,13 @@ class DCSClient:
         elif not tail and paused:
             tail = f"; the weights were loaded but engines {list(paused)} may still be paused"
         raise DCSPushError(f"push of weight version {version!r} failed at engine {url}: {_cause(exc)}{tail}",
-                           url=url, step=step, version=version, paused=paused) from exc
+                           url=url, step=step, version=version, paused=paused, untouched=untouched) from exc
 
     def _version(self) -> Version:
         return self.coordinator.push_plan().version
 
 
-# steps of a transport's load that come before any tensor moves
+# steps of a transport that come before any tensor moves
 _BEFORE_LOADING = frozenset({"init_weights_update_group", "get_server_info"})
 
 

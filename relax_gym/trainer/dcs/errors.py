@@ -25,18 +25,23 @@ class DCSEngineError(DCSError):
 
 class DCSPushError(DCSError):
     """A push did not complete. ``url`` / ``step``: the failing engine (None when the actor's side failed) and
-    call; ``version``: the version that was being pushed; ``paused``: engines left paused."""
+    call; ``version``: the version that was being pushed; ``paused``: engines left paused; ``untouched``: no
+    engine is paused or changed its weights (the push failed while staging or at the pause step), so trying
+    the push again is safe."""
 
-    def __init__(self, message: str, *, url: str | None, step: str, version: Version, paused: Sequence[str] = ()) -> None:
+    def __init__(self, message: str, *, url: str | None, step: str, version: Version, paused: Sequence[str] = (),
+                 untouched: bool = False) -> None:
         super().__init__(message)
         self.url, self.step, self.version, self.paused = url, step, version, tuple(paused)
+        self.untouched = untouched
 
 
 @dataclass(frozen=True)
 class PushReport:
     """One completed push: ``bytes`` sent to each engine, wall ``seconds`` (stage + pause + load + resume),
     ``buckets`` planned, the ``transport`` used, the ``version`` now live and on how many ``engines``;
-    ``phases``: seconds per step (``stage``, ``pause``, ``load``, ``resume``)."""
+    ``phases``: seconds per step (``stage``, ``pause``, ``load``, ``resume``); ``paused_seconds``: how long the
+    engines did not generate (from the pause call until every engine resumed and reported the version)."""
 
     bytes: int
     seconds: float
@@ -45,6 +50,7 @@ class PushReport:
     version: Version = 0
     engines: int = 0
     phases: dict[str, float] = field(default_factory=dict)
+    paused_seconds: float = 0.0
 
     @property
     def mb_per_s(self) -> float:

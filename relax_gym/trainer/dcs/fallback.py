@@ -9,8 +9,9 @@ SGLang receives weights over a weight-update group (``/init_weights_update_group
 
 A failure after tensors started moving is not hidden: it is raised as the DCS reports it (the engines may hold a
 mix of old and new tensors, see :mod:`relax_gym.trainer.dcs.client`). After a switch, pushes stage their shards
-before the engines pause, as the ``disk`` transport always does; the push that switched writes them while the
-engines are paused (once). :attr:`NcclOrDiskTransport.name` says which transport is active (``PushReport.transport``).
+before the engines pause, as the ``disk`` transport always does. The group is formed before the engines pause, so
+the push that switches writes its shards before the pause too (only a group lost between stage and load makes
+that push write them while the engines are paused). :attr:`NcclOrDiskTransport.name` says which transport is active (``PushReport.transport``).
 """
 
 from __future__ import annotations
@@ -64,8 +65,20 @@ class NcclOrDiskTransport(Transport):
     def active(self) -> Transport:
         return self._primary if self._primary is not None else self._disk_transport()
 
-    def stage(self, items: Items, buckets: Sequence[Bucket], version: Version) -> Any:
-        return self.active.stage(items, buckets, version)
+    def stage(self, links: Sequence[EngineLink], items: Items, buckets: Sequence[Bucket], version: Version, *,
+              epoch: int, pool: ThreadPoolExecutor) -> Any:
+        """The active transport's stage; a group that does not form here (where the group is built before the
+        engines pause) switches to disk at once, and the shards are written while the engines still generate."""
+        if self._primary is None:
+            return self._disk_transport().stage(links, items, buckets, version)
+        primary = self._primary
+        try:
+            return primary.stage(links, items, buckets, version, epoch=epoch, pool=pool)
+        except DCSEngineError as exc:
+            if exc.step not in _GROUP_STEPS:
+                raise
+            self._give_up(primary, links, exc)
+        return self._disk_transport().stage(links, items, buckets, version)
 
     def load(self, links: Sequence[EngineLink], items: Items, buckets: Sequence[Bucket], version: Version,
              staged: Any, *, epoch: int, pool: ThreadPoolExecutor) -> int:
@@ -77,14 +90,9 @@ class NcclOrDiskTransport(Transport):
         except DCSEngineError as exc:
             if exc.step not in _GROUP_STEPS:
                 raise
-            self._primary = None
-            try:
-                primary.close(links)
-            except Exception:  # noqa: BLE001 - the group never formed; leaving it is best effort
-                logger.debug("closing the failed NCCL transport raised", exc_info=True)
-            self._switch(str(exc))
+            self._give_up(primary, links, exc)
         disk = self._disk_transport()
-        staged = disk.stage(items, buckets, version)  # the engines are paused: this one push pays for the write
+        staged = disk.stage(links, items, buckets, version)  # the engines are paused: this one push pays for the write
         try:
             sent = disk.load(links, items, buckets, version, staged, epoch=epoch, pool=pool)
         except BaseException:
@@ -113,6 +121,15 @@ class NcclOrDiskTransport(Transport):
         """The disk directory written by the push that switched (its ``staged`` came from the NCCL transport)."""
         switched, self._switched_staging = self._switched_staging, None
         return switched if switched is not None else staged
+
+    def _give_up(self, primary: Transport, links: Sequence[EngineLink], exc: DCSEngineError) -> None:
+        """NCCL failed before any tensor moved: close it and push through disk for good."""
+        self._primary = None
+        try:
+            primary.close(links)
+        except Exception:  # noqa: BLE001 - the group never formed; leaving it is best effort
+            logger.debug("closing the failed NCCL transport raised", exc_info=True)
+        self._switch(str(exc))
 
     def _disk_transport(self) -> DiskTransport:
         if self._disk is None:

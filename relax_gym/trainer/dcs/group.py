@@ -233,6 +233,7 @@ class GroupReceiver:
     group. Picklable (it holds no state until it joins), so it can be handed to an engine in a child process."""
 
     load_formats = (FLATTENED_BUCKET,)
+    receives_into = True  # receive(..., out=buffer): staged pushes keep each bucket in a buffer of their own
 
     def __init__(self) -> None:
         self._buffers: dict[int, torch.Tensor] = {}
@@ -249,13 +250,17 @@ class GroupReceiver:
                                  backend=backend, timeout_s=timeout_s, device=device if backend == "nccl" else None)
 
     def receive(self, group: WeightUpdateGroup, dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
-                load_format: str | None = None) -> list[torch.Tensor]:
-        """The announced tensors, received from rank 0. ``ValueError`` for an unknown dtype (nothing received)."""
+                load_format: str | None = None, *, out: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The announced tensors, received from rank 0. ``ValueError`` for an unknown dtype (nothing received).
+        ``out``: with ``flattened_bucket``, the ``uint8`` buffer (on the group's device, at least the bucket's
+        size) to receive into instead of the group's reused one, so the tensors outlive the next receive."""
         torch_dtypes = [dtype_from_name(d) for d in dtypes]
         dims = [tuple(int(s) for s in shape) for shape in shapes]
         if load_format == FLATTENED_BUCKET:
             total = sum(torch.Size(d).numel() * torch.empty((), dtype=t).element_size() for t, d in zip(torch_dtypes, dims))
-            flat = self._buffer(group, total)
+            if out is not None and (out.dtype != torch.uint8 or out.numel() < total or out.device != group.device):
+                raise ValueError(f"out must be a uint8 tensor of at least {total} bytes on {group.device}")
+            flat = out[:total] if out is not None else self._buffer(group, total)
             group.broadcast(flat, src=0)
             return unflatten_tensors(flat, torch_dtypes, dims)
         return [group.broadcast(torch.empty(dim, dtype=dtype, device=group.device), src=0)

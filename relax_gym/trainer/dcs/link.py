@@ -98,12 +98,21 @@ class EngineAPI:
 
     def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], *,
                                         group_name: str, weight_version: str | None = None, flush_cache: bool = True,
-                                        load_format: str | None = None) -> Any:
+                                        load_format: str | None = None, stage_id: str | None = None,
+                                        seq: int | None = None) -> Any:
+        """SGLang's call; with ``stage_id`` / ``seq`` (ours) the engine stages the tensors instead of loading them."""
         return self._call("POST", "/update_weights_from_distributed", _drop_none({
             "names": list(names), "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
             "shapes": [[int(s) for s in shape] for shape in shapes], "group_name": group_name,
             "weight_version": weight_version, "flush_cache": flush_cache, "abort_all_requests": False,
-            "load_format": load_format}))
+            "load_format": load_format, "stage_id": stage_id, "seq": seq}))
+
+    def apply_staged_weights(self, stage_id: str, calls: int, *, weight_version: str | None = None) -> Any:
+        return self._call("POST", "/apply_staged_weights", _drop_none({
+            "stage_id": stage_id, "calls": int(calls), "weight_version": weight_version}))
+
+    def discard_staged_weights(self, stage_id: str | None = None) -> Any:
+        return self._call("POST", "/discard_staged_weights", _drop_none({"stage_id": stage_id}))
 
     def update_weights_from_disk(self, model_path: str, *, weight_version: str | None = None,
                                  flush_cache: bool = True) -> Any:
@@ -200,6 +209,26 @@ class EngineLink:
             [m.name for m in metas], [m.dtype for m in metas], [list(m.shape) for m in metas], group_name=group_name,
             weight_version=weight_version, flush_cache=False, load_format=load_format))
 
+    def stage_distributed(self, metas: Sequence[TensorMeta], group_name: str, load_format: str | None, stage_id: str,
+                          seq: int) -> None:
+        """Call ``seq`` of staged push ``stage_id``: the engine receives it into its staging area and keeps
+        generating on its current weights."""
+        self._call("update_weights_from_distributed", lambda: self.client.update_weights_from_distributed(
+            [m.name for m in metas], [m.dtype for m in metas], [list(m.shape) for m in metas], group_name=group_name,
+            flush_cache=False, load_format=load_format, stage_id=stage_id, seq=seq))
+
+    def apply_staged(self, stage_id: str, calls: int, weight_version: str) -> None:
+        """Swap the ``calls`` staged calls of ``stage_id`` into the model as ``weight_version`` (engine paused)."""
+        self._call("apply_staged_weights", lambda: self.client.apply_staged_weights(
+            stage_id, calls, weight_version=weight_version))
+
+    def discard_staged(self, stage_id: str) -> None:
+        """Best effort: the engine drops an unfinished stage anyway when the next one begins."""
+        try:
+            self.client.discard_staged_weights(stage_id)
+        except EngineAPIError:
+            pass
+
     def load_from_disk(self, path: str, weight_version: str) -> None:
         self._call("update_weights_from_disk", lambda: self.client.update_weights_from_disk(
             path, weight_version=weight_version, flush_cache=False))
@@ -209,8 +238,15 @@ class EngineLink:
 
     def supports_flattened(self) -> bool:
         """Whether the engine advertises SGLang's ``flattened_bucket`` load format (our embedded engine does)."""
+        return self.features()[0]
+
+    def features(self) -> tuple[bool, bool]:
+        """What the engine advertises in ``/get_server_info``: (SGLang's ``flattened_bucket`` load format, our
+        ``weight_update_staging``). The embedded engine has both; SGLang neither of ours."""
         info = self._call("get_server_info", self.client.get_server_info)
-        return isinstance(info, Mapping) and "flattened_bucket" in (info.get("weight_update_load_formats") or [])
+        if not isinstance(info, Mapping):
+            return False, False
+        return "flattened_bucket" in (info.get("weight_update_load_formats") or []), info.get("weight_update_staging") is True
 
     def close(self) -> None:
         self.client.close()

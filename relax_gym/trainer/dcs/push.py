@@ -92,9 +92,10 @@ class DCSPush:
     """A DCS push (pause → load → flush → continue on every engine the coordinator knows).
 
     ``coordinator``: a :class:`~relax_gym.trainer.dcs.coordinator.DCSCoordinator`, or the run's coordinator actor
-    handle. An engine that cannot be reached when the push starts (its replica died; Serve restarts it under a new
-    URL, which registers itself) is removed from the coordinator and the push is tried again: nothing was sent
-    yet, so the retry is safe. Any other failure is raised as the DCS reports it."""
+    handle. An engine that cannot be reached before any engine was paused or loaded anything (its replica died;
+    Serve restarts it under a new URL, which registers itself; found while staging or at the pause step) is
+    removed from the coordinator and the push is tried again: no engine changed, so the retry is safe. Any other
+    failure is raised as the DCS reports it."""
 
     def __init__(self, coordinator: Any, *, names: Mapping[str, str] | None = None, disk_dir: str | None = None,
                  transport: str | Transport | None = None) -> None:
@@ -110,7 +111,7 @@ class DCSPush:
             try:
                 return self.client.push(state_dict, version)
             except DCSPushError as exc:
-                if exc.step != "pause_generation" or exc.url is None or _reachable(exc.url):
+                if not exc.untouched or exc.url is None or _reachable(exc.url):
                     raise
                 log.warning("engine %s is gone; removed from the DCS coordinator, pushing version %s again", exc.url, version)
                 self._remove(exc.url)

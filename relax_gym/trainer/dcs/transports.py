@@ -14,6 +14,15 @@
 Each transport has two steps: :meth:`Transport.stage` runs while the engines still generate, :meth:`Transport.load`
 while they are paused. The last load call of a push carries the new ``weight_version``, so an engine's version
 changes only when all its tensors have arrived.
+
+``tcp`` / ``nccl`` pipeline their buckets. The actor flattens call i+1 while call i is on the wire
+(:class:`~relax_gym.trainer.dcs.pipeline.FlattenAhead`, two reusable buffers). Engines that advertise
+``weight_update_staging`` (the embedded engine) receive the whole push during :meth:`Transport.stage`, into buffers
+of their own while they keep generating (each call names a ``stage_id`` and its ``seq``, so the actor announces
+call i+1 while call i is still being broadcast and the engine still receives them in order); the paused part
+is one ``/apply_staged_weights`` per engine, a pointer swap per tensor
+(:mod:`~relax_gym.trainer.engines.weight_staging`). Other engines (SGLang) get the calls while paused, as before.
+A push that fails while staging has not touched any engine's weights or version, and no engine was paused.
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -37,12 +47,14 @@ import torch
 
 from relax_gym.trainer.dcs.coordinator import TRANSPORTS, Bucket, TensorMeta, Version
 from relax_gym.trainer.dcs.errors import DCSEngineError
-from relax_gym.trainer.dcs.group import FLATTENED_BUCKET, WeightUpdateGroup, check_backend, flatten_tensors
+from relax_gym.trainer.dcs.group import FLATTENED_BUCKET, WeightUpdateGroup, check_backend
+from relax_gym.trainer.dcs.pipeline import Call, FlattenAhead
 
 if TYPE_CHECKING:
     from relax_gym.trainer.dcs.link import EngineLink
 
-__all__ = ["TRANSPORTS", "DiskTransport", "DistributedTransport", "NcclTransport", "TcpTransport", "Transport", "make_transport"]
+__all__ = ["TRANSPORTS", "DiskTransport", "DistributedTransport", "NcclTransport", "StagedPush", "TcpTransport", "Transport",
+           "make_transport"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +70,11 @@ class Transport(ABC):
 
     name = "base"
 
-    def stage(self, items: Items, buckets: Sequence[Bucket], version: Version) -> Any:
-        """Work that can happen while the engines still generate; returns what :meth:`load` needs."""
+    def stage(self, links: Sequence[EngineLink], items: Items, buckets: Sequence[Bucket], version: Version, *,
+              epoch: int, pool: ThreadPoolExecutor) -> Any:
+        """Work that can happen while the engines still generate; returns what :meth:`load` needs. Raises
+        :class:`~relax_gym.trainer.dcs.errors.DCSEngineError` naming an engine that failed (none is paused yet,
+        and no engine's weights changed)."""
         return None
 
     @abstractmethod
@@ -79,13 +94,15 @@ class Transport(ABC):
 
 def make_transport(name: str, *, disk_dir: str | Path | None = None, flatten: bool | None = None,
                    master_address: str | None = None, group_timeout_s: float = 120.0,
-                   device: torch.device | str | None = None) -> Transport:
+                   device: torch.device | str | None = None, staged: bool | None = None) -> Transport:
     """The transport called ``name`` (``tcp``, ``nccl`` or ``disk``). ``nccl`` raises a ``RuntimeError``
-    saying so where CUDA or NCCL is missing; an unknown name is a ``ValueError`` listing the choices."""
+    saying so where CUDA or NCCL is missing; an unknown name is a ``ValueError`` listing the choices.
+    ``staged``: see :class:`DistributedTransport`."""
     if name == "tcp":
-        return TcpTransport(flatten=flatten, master_address=master_address, group_timeout_s=group_timeout_s)
+        return TcpTransport(flatten=flatten, master_address=master_address, group_timeout_s=group_timeout_s, staged=staged)
     if name == "nccl":
-        return NcclTransport(flatten=flatten, master_address=master_address, group_timeout_s=group_timeout_s, device=device)
+        return NcclTransport(flatten=flatten, master_address=master_address, group_timeout_s=group_timeout_s, device=device,
+                             staged=staged)
     if name == "disk":
         return DiskTransport(disk_dir)
     raise ValueError(f"unknown DCS transport {name!r} (choose from {', '.join(TRANSPORTS)})")
@@ -94,63 +111,82 @@ def make_transport(name: str, *, disk_dir: str | Path | None = None, flatten: bo
 # ---------------------------------------------------------------------------------------------- distributed
 
 
+@dataclass(frozen=True)
+class StagedPush:
+    """What :meth:`DistributedTransport.stage` left on the engines: the stage's id, its number of calls, the
+    bytes each engine received and the engines holding it."""
+
+    stage_id: str
+    calls: int
+    nbytes: int
+    links: tuple[EngineLink, ...]
+
+
 class DistributedTransport(Transport):
     """Broadcast over a weight-update group (see the module doc). ``flatten``: True / False, or None to use
-    ``flattened_bucket`` exactly when every engine advertises it. ``master_address``: where engines reach the
-    actor's store (default: loopback when every engine is local, else the local address facing the first engine)."""
+    ``flattened_bucket`` exactly when every engine advertises it. ``staged``: receive the push while the engines
+    generate and only swap it in while they are paused; True / False, or None to stage exactly when every engine
+    advertises ``weight_update_staging``. ``master_address``: where engines reach the actor's store (default:
+    loopback when every engine is local, else the local address facing the first engine)."""
 
     backend = "gloo"
 
     def __init__(self, *, flatten: bool | None = None, master_address: str | None = None,
-                 group_timeout_s: float = 120.0, device: torch.device | str = "cpu") -> None:
+                 group_timeout_s: float = 120.0, device: torch.device | str = "cpu", staged: bool | None = None) -> None:
         check_backend(self.backend)
         self.flatten = flatten
+        self.staged = staged
         self.master_address = master_address
         self.group_timeout_s = float(group_timeout_s)
         self.device = torch.device(device)
         self._group: WeightUpdateGroup | None = None
         self._members: tuple[str, ...] = ()
         self._epoch: int | None = None
-        self._buffer: torch.Tensor | None = None
+        self._features: tuple[bool, bool] | None = None  # (flattened, staging) the group's engines advertise
+        self._ahead = FlattenAhead(self.device)
         self._stale: list[tuple[str, tuple[str, ...]]] = []  # groups discarded after a failure: (name, members)
 
     @property
     def group(self) -> WeightUpdateGroup | None:
         return self._group
 
+    def stage(self, links: Sequence[EngineLink], items: Items, buckets: Sequence[Bucket], version: Version, *,
+              epoch: int, pool: ThreadPoolExecutor) -> StagedPush | None:
+        """Form the group if needed; on staging engines also send every call (the engines keep generating).
+        None when the calls are left to :meth:`load`."""
+        group = self._ensure_group(links, epoch, pool)
+        flat, staging = self._use(links, pool)
+        if not staging:
+            return None
+        stage_id = uuid.uuid4().hex
+        calls = _calls(buckets, items, flat)
+        try:
+            sent = self._send(links, group, calls, flat, pool, stage_id=stage_id)
+        except BaseException:
+            _discard_on(links, stage_id, pool)
+            raise
+        return StagedPush(stage_id, len(calls), sent, tuple(links))
+
     def load(self, links: Sequence[EngineLink], items: Items, buckets: Sequence[Bucket], version: Version,
              staged: Any, *, epoch: int, pool: ThreadPoolExecutor) -> int:
-        group = self._ensure_group(links, epoch, pool)
-        flat = self._use_flatten(links, pool)
-        tensors = {meta.name: (meta, tensor) for meta, tensor in items}
-        calls = [call for bucket in buckets for call in _calls(bucket, tensors, flat)]
-        sent = 0
-        for i, call in enumerate(calls):
-            metas = [m for m, _ in call]
-            wire = [t.detach().to(self.device).contiguous() for _, t in call]
-            payloads = [flatten_tensors(wire, out=self._staging(sum(m.nbytes for m in metas)))] if flat else wire
-            weight_version = str(version) if i == len(calls) - 1 else None
-            futures = [pool.submit(link.receive_distributed, metas, group.group_name,
-                                   FLATTENED_BUCKET if flat else None, weight_version) for link in links]
-            try:
-                for payload in payloads:
-                    self._broadcast(group, payload, futures)
-            except DCSEngineError:
-                self._discard_group()  # the engines and the actor may be out of step now
-                raise
-            except RuntimeError as exc:
-                self._discard_group()
-                culprit = _first_failure(futures, timeout=5.0)
-                if culprit is not None:
-                    raise culprit from exc
-                raise DCSEngineError(", ".join(link.url for link in links), "broadcast", exc) from exc
+        if isinstance(staged, StagedPush):
+            futures = [pool.submit(link.apply_staged, staged.stage_id, staged.calls, str(version)) for link in links]
             _raise_first_failure(futures)
-            sent += sum(m.nbytes for m in metas)
-        return sent
+            return staged.nbytes
+        group = self._ensure_group(links, epoch, pool)
+        flat, _ = self._use(links, pool)
+        return self._send(links, group, _calls(buckets, items, flat), flat, pool, version=version)
+
+    def discard(self, staged: Any) -> None:
+        """Drop what the engines staged for a push that did not go live (best effort: frees their buffers)."""
+        if isinstance(staged, StagedPush):
+            for link in staged.links:
+                link.discard_staged(staged.stage_id)
 
     def close(self, links: Sequence[EngineLink]) -> None:
         """Leave the current group and any discarded one on the engines still listed; destroy our end."""
-        group, self._group, self._epoch, self._buffer = self._group, None, None, None
+        group, self._group, self._epoch, self._features = self._group, None, None, None
+        self._ahead.close()
         if group is not None:
             self._stale.append((group.group_name, self._members))
         for name, members in self._stale:
@@ -161,18 +197,66 @@ class DistributedTransport(Transport):
         if group is not None:
             group.destroy()
 
+    def _send(self, links: Sequence[EngineLink], group: WeightUpdateGroup, calls: Sequence[Call], flat: bool,
+              pool: ThreadPoolExecutor, *, stage_id: str | None = None, version: Version | None = None) -> int:
+        """Broadcast ``calls`` in order, each announced to every engine over HTTP; returns the bytes sent.
+
+        With ``stage_id`` the engines stage the calls and call i+1 is announced while call i is on the wire (the
+        engine orders them by ``seq``); the actor waits for call i's answers only before announcing call i+2, so
+        at most two calls per engine are open. Without, call i+1 is announced once every engine has answered
+        call i (an engine applies the calls in the order its requests arrive), and the last call carries
+        ``version``."""
+        fmt = FLATTENED_BUCKET if flat else None
+        last = len(calls) - 1
+
+        def announce(i: int) -> list[Future]:
+            metas = [m for m, _ in calls[i]]
+            if stage_id is not None:
+                return [pool.submit(link.stage_distributed, metas, group.group_name, fmt, stage_id, i) for link in links]
+            weight_version = str(version) if i == last else None
+            return [pool.submit(link.receive_distributed, metas, group.group_name, fmt, weight_version) for link in links]
+
+        open_calls: dict[int, list[Future]] = {}
+        sent = 0
+        try:
+            for i, payloads in enumerate(self._ahead.payloads(calls, flat)):
+                if i not in open_calls:
+                    open_calls[i] = announce(i)
+                if stage_id is not None and i + 1 <= last:
+                    if i - 1 in open_calls:
+                        _raise_first_failure(open_calls.pop(i - 1))
+                    open_calls[i + 1] = announce(i + 1)
+                watched = [f for futures in open_calls.values() for f in futures]
+                for payload in payloads:
+                    self._broadcast(group, payload, watched)
+                if stage_id is None:
+                    _raise_first_failure(open_calls.pop(i))
+                sent += sum(m.nbytes for m, _ in calls[i])
+            for i in sorted(open_calls):
+                _raise_first_failure(open_calls.pop(i))
+        except DCSEngineError:
+            self._discard_group()  # the engines and the actor may be out of step now
+            raise
+        except RuntimeError as exc:
+            self._discard_group()
+            culprit = _first_failure([f for futures in open_calls.values() for f in futures], timeout=5.0)
+            if culprit is not None:
+                raise culprit from exc
+            raise DCSEngineError(", ".join(link.url for link in links), "broadcast", exc) from exc
+        return sent
+
     # ------------------------------------------------------------------------------------------ internals
 
-    def _staging(self, nbytes: int) -> torch.Tensor:
-        """The reusable ``uint8`` buffer flattened payloads are written into (grown to the largest call)."""
-        if self._buffer is None or self._buffer.numel() < nbytes:
-            self._buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        return self._buffer
-
-    def _use_flatten(self, links: Sequence[EngineLink], pool: ThreadPoolExecutor) -> bool:
-        if self.flatten is not None:
-            return self.flatten
-        return all(pool.map(lambda link: link.supports_flattened(), links))
+    def _use(self, links: Sequence[EngineLink], pool: ThreadPoolExecutor) -> tuple[bool, bool]:
+        """(flattened, staged) for this push: as configured, else what every engine advertises (asked once per
+        group: a restarted engine joins a new group, and the question is asked again)."""
+        if self._features is None:
+            wanted = None in (self.flatten, self.staged)
+            answers = list(pool.map(lambda link: link.features(), links)) if wanted else []
+            self._features = (all(a[0] for a in answers), all(a[1] for a in answers))
+        flat = self.flatten if self.flatten is not None else self._features[0]
+        staged = self.staged if self.staged is not None else self._features[1]
+        return flat, staged
 
     def _ensure_group(self, links: Sequence[EngineLink], epoch: int, pool: ThreadPoolExecutor) -> WeightUpdateGroup:
         """The current group, rebuilt when the topology changed or the last push broke it."""
@@ -215,7 +299,7 @@ class DistributedTransport(Transport):
         return self._group
 
     def _discard_group(self) -> None:
-        group, self._group, self._epoch = self._group, None, None
+        group, self._group, self._epoch, self._features = self._group, None, None, None
         if group is not None:
             self._stale.append((group.group_name, self._members))
             logger.warning("weight update group %s discarded after a failed push; the next push forms a new one",
@@ -239,8 +323,10 @@ class TcpTransport(DistributedTransport):
     name = "tcp"
     backend = "gloo"
 
-    def __init__(self, *, flatten: bool | None = None, master_address: str | None = None, group_timeout_s: float = 120.0) -> None:
-        super().__init__(flatten=flatten, master_address=master_address, group_timeout_s=group_timeout_s, device="cpu")
+    def __init__(self, *, flatten: bool | None = None, master_address: str | None = None, group_timeout_s: float = 120.0,
+                 staged: bool | None = None) -> None:
+        super().__init__(flatten=flatten, master_address=master_address, group_timeout_s=group_timeout_s, device="cpu",
+                         staged=staged)
 
 
 class NcclTransport(DistributedTransport):
@@ -251,32 +337,44 @@ class NcclTransport(DistributedTransport):
     backend = "nccl"
 
     def __init__(self, *, flatten: bool | None = None, master_address: str | None = None, group_timeout_s: float = 120.0,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, staged: bool | None = None) -> None:
         check_backend("nccl")  # before touching torch.cuda
         super().__init__(flatten=flatten, master_address=master_address, group_timeout_s=group_timeout_s,
-                         device=device if device is not None else torch.device("cuda", torch.cuda.current_device()))
+                         device=device if device is not None else torch.device("cuda", torch.cuda.current_device()),
+                         staged=staged)
 
 
-def _calls(bucket: Bucket, tensors: dict[str, tuple[TensorMeta, torch.Tensor]], flat: bool) -> list[list[tuple[TensorMeta, torch.Tensor]]]:
-    """One update call per bucket, or with ``flat`` one per dtype in the bucket (in first-seen order), so each
-    flattened payload holds a single dtype and every tensor in it starts aligned."""
-    entries = [tensors[name] for name in bucket.names]
-    if not flat:
-        return [entries]
-    by_dtype: dict[str, list[tuple[TensorMeta, torch.Tensor]]] = {}
-    for meta, tensor in entries:
-        by_dtype.setdefault(meta.dtype, []).append((meta, tensor))
-    return list(by_dtype.values())
+def _calls(buckets: Sequence[Bucket], items: Items, flat: bool) -> list[Call]:
+    """The update calls of a push: one per bucket, or with ``flat`` one per dtype in each bucket (in first-seen
+    order), so each flattened payload holds a single dtype and every tensor in it starts aligned."""
+    tensors = {meta.name: (meta, tensor) for meta, tensor in items}
+    calls: list[Call] = []
+    for bucket in buckets:
+        entries = [tensors[name] for name in bucket.names]
+        if not flat:
+            calls.append(entries)
+            continue
+        by_dtype: dict[str, list[tuple[TensorMeta, torch.Tensor]]] = {}
+        for meta, tensor in entries:
+            by_dtype.setdefault(meta.dtype, []).append((meta, tensor))
+        calls.extend(by_dtype.values())
+    return calls
+
+
+def _discard_on(links: Sequence[EngineLink], stage_id: str, pool: ThreadPoolExecutor) -> None:
+    """Ask every engine to drop ``stage_id`` (best effort, a few seconds at most: an engine that does not answer
+    drops it anyway when the next push begins)."""
+    futures = [pool.submit(link.discard_staged, stage_id) for link in links]
+    _first_failure(futures, timeout=5.0)
 
 
 def _first_failure(futures: Sequence[Future], timeout: float) -> Exception | None:
-    """The first error among ``futures``, waiting at most ``timeout`` seconds in all."""
-    end = time.monotonic() + timeout
+    """The first error among ``futures`` (in their order among those that failed), waiting at most ``timeout``
+    seconds for one to fail; None when none failed by then (a call still waiting is not a failure)."""
+    wait(futures, timeout=timeout, return_when=FIRST_EXCEPTION)
     for future in futures:
-        try:
-            future.result(timeout=max(0.0, end - time.monotonic()))
-        except Exception as exc:  # noqa: BLE001 - returned, raised by the caller
-            return exc
+        if future.done() and future.exception() is not None:
+            return future.exception()
     return None
 
 
@@ -324,7 +422,8 @@ class DiskTransport(Transport):
         self.keep = keep
         self._written: list[Path] = []
 
-    def stage(self, items: Items, buckets: Sequence[Bucket], version: Version) -> Path:
+    def stage(self, links: Sequence[EngineLink], items: Items, buckets: Sequence[Bucket], version: Version, *,
+              epoch: int = 0, pool: ThreadPoolExecutor | None = None) -> Path:
         """Write the shards of ``version`` into a new directory (atomically renamed into place); returns it."""
         from safetensors.torch import save_file
 

@@ -74,12 +74,31 @@ class UpdateWeightsFromDistributedReqInput(_Req):
     weight_version: str | None = None
     load_format: str | None = None
     torch_empty_cache: bool = False
+    # ours: call ``seq`` of a staged push (received while generating, applied by /apply_staged_weights)
+    stage_id: str | None = Field(default=None, min_length=1, max_length=128)
+    seq: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _lengths(self) -> UpdateWeightsFromDistributedReqInput:
         if not len(self.names) == len(self.dtypes) == len(self.shapes):
             raise ValueError(f"names, dtypes and shapes need the same length, got {len(self.names)}, {len(self.dtypes)}, {len(self.shapes)}")
+        if (self.stage_id is None) != (self.seq is None):
+            raise ValueError("stage_id and seq go together (a staged call names its stage and its place in it)")
         return self
+
+
+class ApplyStagedWeightsReqInput(_Req):
+    """Ours: apply the ``calls`` staged calls of ``stage_id`` and take ``weight_version``."""
+
+    stage_id: str = Field(min_length=1, max_length=128)
+    calls: int = Field(ge=1)
+    weight_version: str | None = None
+
+
+class DiscardStagedWeightsReqInput(_Req):
+    """Ours: drop the staged calls of ``stage_id`` (null: whichever stage is current)."""
+
+    stage_id: str | None = None
 
 
 class DestroyWeightsUpdateGroupReqInput(_Req):

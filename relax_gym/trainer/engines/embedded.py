@@ -80,6 +80,7 @@ from relax_gym.trainer.policy.routing import encode_routed_experts
 
 from relax_gym.trainer.engines.errors import EngineClosedError, EngineRequestError
 from relax_gym.trainer.engines.generation_hooks import ABORT_MESSAGE, LogprobRecorder, PendingRequest, PromptRow, RowStopper, finite_or_none
+from relax_gym.trainer.engines.weight_staging import WeightStaging
 from relax_gym.trainer.engines.weight_updates import WeightUpdates
 
 __all__ = ["EmbeddedEngine", "EngineClosedError", "EngineRequestError"]
@@ -149,6 +150,7 @@ class EmbeddedEngine(WeightUpdates):
         self._groups: dict[str, Any] = {}
         self._group_locks: dict[str, threading.Lock] = {}
         self._groups_lock = threading.Lock()
+        self._staging = WeightStaging(timeout_s=self.dist_timeout_s)  # buckets of staged pushes, until applied
         self._stats = {"requests": 0, "batches": 0, "generate_calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
                        "aborted": 0, "max_batch_seen": 0, "generate_seconds": 0.0, "weight_updates": 0,
                        "shared_prefill_rows": 0}

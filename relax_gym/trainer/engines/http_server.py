@@ -22,7 +22,11 @@ Endpoints (request bodies: :mod:`~relax_gym.trainer.engines.protocol`; responses
 ``/update_weights_from_disk``               POST    ``{"success", "message", "num_paused_requests"}``
 ``/update_weights_from_tensor``             POST    ``{"success", "message"}``
 ``/init_weights_update_group``              POST    ``{"success", "message"}``
-``/update_weights_from_distributed``        POST    ``{"success", "message"}``
+``/update_weights_from_distributed``        POST    ``{"success", "message"}`` (ours: with ``stage_id`` / ``seq``
+                                                    the tensors are staged, the model left alone)
+``/apply_staged_weights``                   POST    ours: ``{"stage_id", "calls", "weight_version"}`` →
+                                                    ``{"success", "message"}`` (the staged push goes live)
+``/discard_staged_weights``                 POST    ours: ``{"stage_id"}`` → ``{"success", "message"}``
 ``/destroy_weights_update_group``           POST    ``{"success", "message"}``
 ``/update_weight_version``                  POST    ``{"success", "message", "new_version"}``
 ``/get_model_info``                         GET     ``{"model_path", "tokenizer_path", "is_generation",
@@ -70,8 +74,10 @@ from typing import Any, Self
 from urllib.parse import unquote, urlsplit
 
 from relax_gym.trainer.engines.admin_protocol import (
+    ApplyStagedWeightsReqInput,
     ContinueGenerationReqInput,
     DestroyWeightsUpdateGroupReqInput,
+    DiscardStagedWeightsReqInput,
     FlushCacheReqInput,
     InitWeightsUpdateGroupReqInput,
     PauseGenerationReqInput,
@@ -274,6 +280,8 @@ class EngineServer(_HTTPService):
             "/update_weights_from_tensor": (("POST",), self._update_from_tensor),
             "/init_weights_update_group": (("POST",), self._init_group),
             "/update_weights_from_distributed": (("POST",), self._update_from_distributed),
+            "/apply_staged_weights": (("POST",), self._apply_staged),
+            "/discard_staged_weights": (("POST",), self._discard_staged),
             "/destroy_weights_update_group": (("POST",), self._destroy_group),
             "/update_weight_version": (("POST",), self._update_weight_version),
             "/get_model_info": (("GET",), self._model_info),
@@ -351,9 +359,22 @@ class EngineServer(_HTTPService):
 
     def _update_from_distributed(self, body: Any) -> _Response:
         req = self._parse(UpdateWeightsFromDistributedReqInput, body)
+        if req.stage_id is not None:
+            return self._weights(lambda: self.engine.stage_weights_from_distributed(
+                req.names, req.dtypes, req.shapes, group_name=req.group_name, stage_id=req.stage_id, seq=req.seq,
+                load_format=req.load_format))
         return self._weights(lambda: self.engine.update_weights_from_distributed(
             req.names, req.dtypes, req.shapes, group_name=req.group_name, weight_version=req.weight_version,
             abort_all_requests=req.abort_all_requests, load_format=req.load_format), req.weight_version)
+
+    def _apply_staged(self, body: Any) -> _Response:
+        req = self._parse(ApplyStagedWeightsReqInput, body)
+        return self._weights(lambda: self.engine.apply_staged_weights(req.stage_id, req.calls, req.weight_version),
+                             req.weight_version)
+
+    def _discard_staged(self, body: Any) -> _Response:
+        req = self._parse(DiscardStagedWeightsReqInput, body)
+        return self._weights(lambda: self.engine.discard_staged_weights(req.stage_id))
 
     def _destroy_group(self, body: Any) -> _Response:
         req = self._parse(DestroyWeightsUpdateGroupReqInput, body)
@@ -379,6 +400,7 @@ class EngineServer(_HTTPService):
             "engine": "relax_gym.embedded", "max_batch": self.engine.max_batch,
             "batch_window_s": self.engine.batch_window_s, "weight_version": self.engine.weight_version,
             "stats": self.engine.stats(), "weight_update_load_formats": list(getattr(self.engine, "weight_update_load_formats", ())),
+            "weight_update_staging": bool(getattr(self.engine, "weight_update_staging", False)),
             "weight_update_backends": ["gloo", "nccl"] if str(getattr(self.engine, "device", "cpu")).startswith("cuda") else ["gloo"],
         })
 

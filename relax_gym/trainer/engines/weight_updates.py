@@ -17,7 +17,13 @@ lock, so a batch never mixes weights. ``weight_version`` (a string) is reported 
 The mixin reads the engine's state: ``model``, ``_state`` (``state_dict(keep_vars=True)``), ``_names`` (accepted
 name → state_dict key, built by :meth:`WeightUpdates._build_name_map`), ``_model_lock``, ``_groups`` /
 ``_groups_lock`` / ``_group_locks``, ``weight_receiver``, ``_device``, ``dist_timeout_s``, ``_cv`` / ``_stats``,
-``_weight_version``, ``model_path`` and ``abort_all()``.
+``_weight_version``, ``model_path``, ``_staging`` (a :class:`~relax_gym.trainer.engines.weight_staging.WeightStaging`)
+and ``abort_all()``.
+
+**Staged pushes** (our extension, :mod:`~relax_gym.trainer.engines.weight_staging`):
+:meth:`stage_weights_from_distributed` receives a push's buckets while batches keep running,
+:meth:`apply_staged_weights` swaps them in (the engine paused for that alone), :meth:`discard_staged_weights`
+drops a push that failed half way.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import torch
 
 from relax_gym.trainer.engines.admin_protocol import DEFAULT_GROUP_NAME, FLATTENED_BUCKET, deserialize_named_tensors, tensor_digest
 from relax_gym.trainer.engines.errors import EngineRequestError
+from relax_gym.trainer.engines.weight_staging import StagedCall, swap_in
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +173,83 @@ class WeightUpdates:
             return self.load_state_dict(list(zip(names, tensors)), weight_version=weight_version,
                                         abort_all_requests=abort_all_requests)
 
+    def stage_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
+                                       group_name: str = DEFAULT_GROUP_NAME, *, stage_id: str, seq: int,
+                                       load_format: str | None = None) -> str:
+        """Call ``seq`` of a staged push (:mod:`~relax_gym.trainer.engines.weight_staging`): receive the announced
+        tensors like :meth:`update_weights_from_distributed`, but into the staging area, leaving the model and
+        its version alone (batches keep running); :meth:`apply_staged_weights` swaps them in. Calls are received
+        in ``seq`` order whatever order they arrive in. As there, everything announced is received even when a
+        name is wrong (the group stays in step); the error is raised after, and the stage is then failed."""
+        if not len(names) == len(dtypes) == len(shapes):
+            raise EngineRequestError("names, dtypes and shapes need the same length")
+        if load_format not in (None, "auto", *self.weight_update_load_formats):
+            raise EngineRequestError(f"load_format={load_format!r} is not supported for distributed updates "
+                                     f"(null for one broadcast per tensor, or {FLATTENED_BUCKET!r})")
+        if not self.weight_update_staging:
+            raise EngineRequestError("this engine's weight receiver cannot stage updates (use update_weights_from_distributed)")
+        with self._groups_lock:
+            group = self._groups.get(group_name)
+            lock = self._group_locks.get(group_name)
+        if group is None or lock is None:
+            raise EngineRequestError(f"no weight update group {group_name!r} (call init_weights_update_group first)")
+        staging = self._staging
+        staging.wait_turn(stage_id, seq)
+        try:
+            plan, refused = self._plan([(n, tuple(s)) for n, s in zip(names, shapes)]), None
+        except EngineRequestError as exc:
+            plan, refused = [], exc
+        flattened = load_format == FLATTENED_BUCKET
+        buffer = None
+        with lock:  # one receive per group at a time
+            try:
+                if flattened:
+                    buffer = staging.buffer(_nbytes(dtypes, shapes), group.device)
+                tensors = self.weight_receiver.receive(group, dtypes, shapes, FLATTENED_BUCKET if flattened else None, out=buffer)
+            except Exception as exc:
+                staging.fail(stage_id, f"receiving call {seq}: {exc}", buffer)
+                if isinstance(exc, ValueError):
+                    raise EngineRequestError(f"dtypes: {exc}") from None
+                raise
+        if refused is not None:
+            staging.fail(stage_id, f"call {seq} was refused: {refused}", buffer)
+            raise refused
+        by_name = dict(zip(names, tensors))
+        staging.add(stage_id, seq, StagedCall([key for _, key in plan], [by_name[name] for name, _ in plan], buffer))
+        return f"Staged {len(plan)} tensors as call {seq} of weight stage {stage_id!r}."
+
+    def apply_staged_weights(self, stage_id: str, calls: int, weight_version: str | None = None) -> str:
+        """Put the ``calls`` received calls of ``stage_id`` into the model at once (between batches, under the
+        model lock) and take ``weight_version``: each tensor is pointed at its received buffer where it can be,
+        copied otherwise (:func:`~relax_gym.trainer.engines.weight_staging.swap_in`). Refused, with nothing
+        changed, when the stage is incomplete, failed or unknown."""
+        staged = self._staging.take(stage_id, calls)
+        swapped = copied = 0
+        with self._model_lock, torch.no_grad():
+            for call in staged:
+                for key, tensor in zip(call.keys, call.tensors):
+                    if swap_in(self._state[key], tensor):
+                        swapped += 1
+                    else:
+                        copied += 1
+            self._bump(weight_version)
+            live = {t.untyped_storage().data_ptr() for t in self._state.values()}
+        self._staging.settle([c.buffer for c in staged if c.buffer is not None], live)
+        return (f"Applied weight stage {stage_id!r}: {swapped + copied} tensors ({swapped} swapped in, {copied} copied; "
+                f"weight version {self._weight_version}).")
+
+    def discard_staged_weights(self, stage_id: str | None = None) -> str:
+        """Drop a stage that will not be applied (``stage_id``, or whichever is current); its buffers are kept
+        for the next one."""
+        dropped = self._staging.discard(stage_id)
+        return f"Weight stage {stage_id or '(current)'} {'discarded' if dropped else 'was not staged'}."
+
+    @property
+    def weight_update_staging(self) -> bool:
+        """Whether distributed updates can be staged (:meth:`stage_weights_from_distributed`): the receiver can
+        receive into buffers it is given."""
+        return bool(getattr(self.weight_receiver, "receives_into", False))
+
     @property
     def weight_update_load_formats(self) -> tuple[str, ...]:
         """The distributed load formats beyond one broadcast per tensor (``flattened_bucket``), as the receiver
@@ -245,3 +329,14 @@ class WeightUpdates:
         with self._cv:
             self._stats["weight_updates"] += 1
 
+
+
+def _nbytes(dtypes: Sequence[str], shapes: Sequence[Sequence[int]]) -> int:
+    """Bytes of the announced tensors back to back (``ValueError`` for an unknown dtype)."""
+    total = 0
+    for name, shape in zip(dtypes, shapes):
+        dtype = getattr(torch, str(name).removeprefix("torch."), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"unknown dtype {name!r}")  # noqa: TRY004 - a bad value in a request, not a type error
+        total += torch.Size([int(x) for x in shape]).numel() * torch.empty((), dtype=dtype).element_size()
+    return total

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from relax_gym.envs.rubric import RubricError
+from relax_gym.omni.parts import Message
 from relax_gym.omni.render import Rendered, extend, render
 from relax_gym.trainer.engines.media_items import media_data
 from relax_gym.trainer.policy.routing import decode_routed_experts, empty_routing, merge_turn
@@ -57,6 +58,8 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
     # MoE policies: (positions, MoE layers, top_k) int16 expert ids, positions from 0 (see trainer/policy/routing.py)
     routed_experts: torch.Tensor | None = None
+    # every message of the episode, the policy's replies included, as far as it got (rollout records: run/rollout_records.py)
+    conversation: list[Message] = field(default_factory=list)
 
     @property
     def trainable(self) -> bool:
@@ -78,6 +81,7 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
     except Exception as exc:  # a broken record or media file: this episode is lost, the step goes on
         return _failed(traj, "env_error", exc)
     conversation = list(obs)
+    traj.conversation = list(obs)
     try:
         rendered = render(conversation, processor)
     except Exception as exc:
@@ -104,6 +108,7 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
         if out.weight_version is not None:
             traj.weight_versions.append(str(out.weight_version))
         action = processor.decode(out.output_ids, skip_special_tokens=True)
+        traj.conversation.append(Message("assistant", action))
         try:
             obs, reward, terminated, truncated, info = await _in_env_thread(env.step, action)
         except RubricError:  # the manifest's rubric asks for what the env never gives: a configuration error, raised
@@ -121,12 +126,13 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
         except Exception as exc:
             return _failed(traj, "env_error", exc, rendered, logprobs)
         logprobs += _aligned_logprobs(rendered.input_ids[before:], out.output_ids, out.output_logprobs)
+        traj.conversation += list(obs)
         conversation += list(obs)  # (assistant turns carry no media: media_items only needs env messages)
     traj.input_ids, traj.loss_mask, traj.mm = list(rendered.input_ids), list(rendered.loss_mask), dict(rendered.mm)
     traj.rollout_logprobs = logprobs
     # judge_requests / reward_weights: rubric parts the env left for the judge (trainer/rewards/judge.py scores them)
     traj.info = {k: v for k, v in info.items()
-                 if k in ("tool_calls", "tool_errors", "sample_id", "judge_requests", "reward_weights", "reward_context")}
+                 if k in ("tool_calls", "tool_errors", "tool_crashes", "sample_id", "judge_requests", "reward_weights", "reward_context")}
     return traj
 
 

@@ -29,11 +29,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from relax_gym.envs.agent_program import AgentEndpoint, ProgramOutcome
+from relax_gym.omni.parts import Message, TextPart
 from relax_gym.trainer.rollout.episode import Trajectory, _in_env_thread
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProgramEpisodes", "is_agent_program", "split_segments", "trajectory_from_calls"]
+__all__ = ["ProgramEpisodes", "is_agent_program", "program_conversation", "split_segments", "trajectory_from_calls"]
 
 
 def is_agent_program(env: Any) -> bool:
@@ -61,6 +62,7 @@ def trajectory_from_calls(calls: Sequence[Any], outcome: ProgramOutcome, *, seed
     traj.reward, traj.reward_breakdown = float(outcome.reward), dict(outcome.reward_breakdown)
     traj.status, traj.error = outcome.status, outcome.error
     segments = split_segments(calls)
+    traj.conversation = program_conversation(calls)
     traj.info = {"agent_calls": len(calls), "agent_segments": len(segments), **{k: v for k, v in outcome.info.items()
                                                                                if k in ("agent_rc", "agent_timed_out")}}
     if outcome.status == "env_error":
@@ -92,6 +94,17 @@ def trajectory_from_calls(calls: Sequence[Any], outcome: ProgramOutcome, *, seed
     traj.weight_version = traj.weight_versions[-1] if traj.weight_versions else None
     traj.info["agent_untrained_tokens"] = sum(len(c.completion_ids) for seg in segments[:-1] for c in seg)
     return traj
+
+
+def program_conversation(calls: Sequence[Any]) -> list[Message]:
+    """What a program episode shows of itself (rollout records): the gateway keeps each call's media and reply, not
+    the program's prompts, so a user message with the media of the last call (every media part the conversation
+    held), then each call's reply as an assistant message, in call order."""
+    if not calls:
+        return []
+    note = TextPart(f"(agent program: {len(calls)} model call(s); its prompts are not recorded, the media it sent are)")
+    media = tuple(getattr(calls[-1], "media", ()) or ())  # a call that kept no media (a stand-in, an old gateway)
+    return [Message("user", (note, *media)), *(Message("assistant", str(getattr(c, "text", ""))) for c in calls)]
 
 
 class ProgramEpisodes:

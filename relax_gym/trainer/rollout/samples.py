@@ -86,6 +86,8 @@ class EpisodeSummary:
     completion_tokens: int = 0
     turns: int = 0
     tool_calls: int = 0
+    tool_errors: int = 0  # tool calls answered with an error (a bad call, or a tool that raised)
+    tool_crashes: int = 0  # of which a tool raised: the env's bug, not the agent's
     error: str = ""
     policy_versions: list[int] = field(default_factory=list)
     agent_segments: int = 0  # agent-program episodes: token-continuous segments of the recorded calls (0: not one)
@@ -105,7 +107,9 @@ def summary_of(traj: Trajectory, sid: str, versions: Sequence[int]) -> EpisodeSu
         sample_id=sid, group_id=int(traj.group_id), reward=float(traj.reward), status=str(traj.status),
         trainable=bool(traj.trainable), reward_breakdown={str(k): float(v) for k, v in traj.reward_breakdown.items()},
         completion_tokens=int(traj.completion_tokens),
-        turns=int(traj.turns), tool_calls=int(traj.info.get("tool_calls", 0) or 0), error=traj.error,
+        turns=int(traj.turns), tool_calls=int(traj.info.get("tool_calls", 0) or 0),
+        tool_errors=int(traj.info.get("tool_errors", 0) or 0), tool_crashes=int(traj.info.get("tool_crashes", 0) or 0),
+        error=traj.error,
         policy_versions=[int(v) for v in versions],
         agent_segments=int(traj.info.get("agent_segments", 0) or 0),
         agent_untrained_tokens=int(traj.info.get("agent_untrained_tokens", 0) or 0),

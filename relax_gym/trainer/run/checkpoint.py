@@ -24,6 +24,7 @@ step (:func:`rewind_metrics`) so that the replayed steps do not appear twice.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -38,10 +39,12 @@ import torch
 from relax_gym.trainer.run.seeds import step_seed_base
 
 __all__ = [
-    "CHECKPOINTS", "CRITIC_DIR", "OPTIMIZER_FILE", "part_stage", "REFERENCE_DIR", "STATE_FILE", "CheckpointError", "CheckpointWriteError", "CheckpointableActor", "ResumePoint",
+    "CHECKPOINTS", "CRITIC_DIR", "OPTIMIZER_FILE", "part_stage", "REFERENCE_DIR", "STATE_FILE", "CheckpointError", "CheckpointFailures", "CheckpointWriteError", "CheckpointableActor", "ResumePoint",
     "TrainerState", "capture_rng", "check_cursor", "trainer_state", "checkpoint_dir", "data_cursor", "eval_history", "latest_checkpoint",
     "load_checkpoint", "read_state", "reference_model", "restore_rng", "resume_point", "rewind_metrics", "save_checkpoint",
 ]
+
+log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 CRITIC_DIR = "critic"  # algorithm.name=ppo: the value model's folder inside a checkpoint
@@ -200,6 +203,24 @@ def save_checkpoint(run_dir: Path, actor: CheckpointableActor, state: TrainerSta
         shutil.rmtree(final)
     os.replace(partial, final)
     return final
+
+
+class CheckpointFailures:
+    """A run's failed checkpoint writes: each is logged as a warning (with the last complete checkpoint, which stays
+    the resume point) and counted; the run goes on. ``figures()`` goes into the run's summary."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.last_error = ""
+
+    def record(self, step: int, error: str) -> None:
+        self.steps.append(step)
+        self.last_error = error
+        log.warning("checkpoint of step %d failed; training goes on: %s", step, error)
+
+    def figures(self) -> dict[str, Any]:
+        return {"checkpoint_failures": len(self.steps), "checkpoint_failed_steps": list(self.steps),
+                **({"checkpoint_last_error": self.last_error} if self.last_error else {})}
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

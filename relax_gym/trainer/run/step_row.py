@@ -12,6 +12,7 @@ batch where no episode reports it, and a run's metric keys do not depend on whic
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,13 +21,15 @@ import numpy as np
 
 from relax_gym.trainer.rollout.episode import MASKED_STATUSES
 
-__all__ = ["EVAL_FIELDS", "RewardComponents", "component_means", "episodes_masked", "eval_components", "eval_row",
-           "judge_metrics", "rollout_row", "summary_end", "summary_start"]
+__all__ = ["EVAL_FIELDS", "RewardComponents", "bus_bytes", "component_means", "episodes_masked", "eval_components", "eval_row",
+           "judge_metrics", "rollout_row", "summary_end", "summary_start", "tool_metrics", "warn_on_tool_crashes"]
 
 # The eval row's own fields; every other ``eval_*`` key is a reward component.
 EVAL_FIELDS = frozenset({"eval_reward", "eval_failed", "eval_tool_calls", "eval_policy_version"})
 
 Episode = Mapping[str, Any]
+
+log = logging.getLogger(__name__)
 
 
 def _ok(episodes: Sequence[Episode]) -> list[Episode]:
@@ -77,7 +80,47 @@ def rollout_row(episodes: Sequence[Episode], rollout_s: float, known: Sequence[s
         row["agent_segments_mean"] = _mean([float(e["agent_segments"]) for e in programs])
         row["agent_untrained_tokens"] = sum(int(e.get("agent_untrained_tokens", 0) or 0) for e in programs)
     row.update(judge_metrics(episodes))
+    row.update(bus_bytes(episodes))
+    row.update(tool_metrics(episodes))
     return row
+
+
+TOOL_CRASH_WARN_SHARE = 0.1  # warn when at least this share of a step's episodes met a tool that raised
+
+
+def tool_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Tool envs: ``tool_calls`` and ``tool_errors`` (sums over the step's episodes) and ``tool_crash_episodes``,
+    the episodes in which a tool raised (an env bug: the agent only saw an error). Empty when no episode called a
+    tool."""
+    if not any(int(e.get("tool_calls", 0) or 0) for e in episodes):
+        return {}
+    return {"tool_calls": sum(int(e.get("tool_calls", 0) or 0) for e in episodes),
+            "tool_errors": sum(int(e.get("tool_errors", 0) or 0) for e in episodes),
+            "tool_crash_episodes": sum(1 for e in episodes if int(e.get("tool_crashes", 0) or 0) > 0)}
+
+
+def warn_on_tool_crashes(row: Mapping[str, Any], episodes: int, step: int) -> str | None:
+    """Log (and return) a warning when a share of the step's episodes met a tool that raised: training then learns
+    from error messages the env author never meant to send. ``relax-gym envs check`` / ``play`` show the traceback."""
+    crashed = int(row.get("tool_crash_episodes", 0) or 0)
+    if episodes <= 0 or crashed < TOOL_CRASH_WARN_SHARE * episodes or crashed == 0:
+        return None
+    message = (f"step {step}: a tool raised in {crashed} of {episodes} episodes (the agent saw only an error); "
+               f"run `relax-gym envs play ENV` or `envs check ENV` to see the traceback")
+    log.warning(message)
+    return message
+
+
+def bus_bytes(episodes: Sequence[Episode]) -> dict[str, int]:
+    """Async mode: what the step's rows put on the data bus, ``bus_bytes_put`` (payload bytes, media stored once per
+    group included), and ``bus_media_bytes_saved`` (the media bytes the rows would have carried inline beyond
+    that; 0 with ``trainer.dedupe_media: false``). Summed from the env workers' per-row figures; empty in colocate
+    mode, whose episodes go on no bus."""
+    put = [e for e in episodes if "bus_bytes" in e]
+    if not put:
+        return {}
+    return {"bus_bytes_put": sum(int(e["bus_bytes"]) for e in put),
+            "bus_media_bytes_saved": sum(int(e.get("media_bytes_saved", 0)) for e in put)}
 
 
 def judge_metrics(episodes: Sequence[Episode]) -> dict[str, float]:

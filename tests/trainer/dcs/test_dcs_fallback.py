@@ -74,7 +74,8 @@ def test_a_failure_after_tensors_moved_is_raised_not_hidden(engine, tmp_path, mo
         raise DCSEngineError(self.url, "update_weights_from_distributed", "shape mismatch")
 
     monkeypatch.setattr(EngineLink, "receive_distributed", fail)
-    transport = NcclOrDiskTransport(disk_dir=tmp_path, nccl_factory=lambda: TcpTransport(group_timeout_s=10))
+    # SGLang stages nothing: the buckets go while the engine is paused, as here
+    transport = NcclOrDiskTransport(disk_dir=tmp_path, nccl_factory=lambda: TcpTransport(group_timeout_s=10, staged=False))
     model = build_policy(PolicyConfig(seed=8))[0]
     coordinator = DCSCoordinator([engine.url], transport="nccl")
     dcs = DCSClient(coordinator, names=checkpoint_names(model), transport=transport, group_timeout_s=10)

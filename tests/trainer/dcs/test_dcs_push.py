@@ -97,11 +97,12 @@ def test_disk_push_makes_the_engine_bit_identical(engine, client, actors, tmp_pa
 
 
 def test_every_engine_goes_pause_load_flush_continue(engine, client, actors, monkeypatch):
-    """The calls each engine receives, in order, and the engine's own state while it loads."""
+    """The calls each engine receives, in order, and the engine's own state while it loads, on the path of
+    engines that do not stage (SGLang's): every bucket while paused (test_dcs_pipeline.py has the staged one)."""
     calls: list[str] = []
     model = actors[4]
     coordinator = DCSCoordinator([engine.url], bucket_mb=BUCKET_MB)
-    with DCSClient(coordinator, names=checkpoint_names(model)) as dcs:
+    with DCSClient(coordinator, names=checkpoint_names(model), staged=False) as dcs:
         dcs.push(model.state_dict(), version=1)  # forms the group (not recorded)
         (link,) = dcs._links.values()
         for name in ("pause_generation", "update_weights_from_distributed", "flush_cache", "continue_generation",
@@ -131,7 +132,8 @@ def test_push_to_a_dead_engine_names_it_and_keeps_the_version(engine, client, ac
         with pytest.raises(DCSPushError) as info:
             dcs.push(actors[1].state_dict(), version=8)
     err = info.value
-    assert str(err).count(dead) == 1 and err.url == dead and err.step == "pause_generation"
+    # found at its first call: joining the weight-update group, before any engine is paused
+    assert str(err).count(dead) == 1 and err.url == dead and err.step == "init_weights_update_group" and err.untouched
     assert "no weights were sent" in str(err) and engine.url not in str(err)
     assert coordinator.version == 7 and coordinator.engine_versions == {engine.url: None, dead: None}
     assert client.get_weight_version() == version_before  # the live engine was not touched ...
@@ -179,12 +181,13 @@ def test_two_engines_then_one_dies(engine, client, actors):
 
 
 def test_a_refused_load_leaves_the_engine_paused_until_resumed(engine, client, actors):
-    """An engine that refuses a bucket (here: names it does not know) may hold part of the update: the push
-    fails naming it and the step, the version stays, and the engine stays paused until told to continue."""
+    """An engine that refuses a bucket while paused (here: names it does not know; SGLang's path, no staging)
+    may hold part of the update: the push fails naming it and the step, the version stays, and the engine stays
+    paused until told to continue."""
     model = actors[1]
     version_before = client.get_weight_version()
     coordinator = DCSCoordinator([engine.url], bucket_mb=BUCKET_MB, version=5)
-    with DCSClient(coordinator, names=lambda key: f"no_such.{key}") as dcs:
+    with DCSClient(coordinator, names=lambda key: f"no_such.{key}", staged=False) as dcs:
         with pytest.raises(DCSPushError) as info:
             dcs.push(model.state_dict(), version=6)
         err = info.value

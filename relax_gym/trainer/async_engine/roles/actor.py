@@ -33,7 +33,7 @@ import torch
 
 import relax_gym
 from relax_gym.trainer.actors.factory import build_actor
-from relax_gym.trainer.run.checkpoint import TrainerState, load_checkpoint, restore_rng, save_checkpoint, trainer_state
+from relax_gym.trainer.run.checkpoint import CheckpointWriteError, TrainerState, load_checkpoint, restore_rng, save_checkpoint, trainer_state
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.run.warmup import run_warmup
 from relax_gym.trainer.run.seeds import seed_everything
@@ -43,6 +43,7 @@ from relax_gym.trainer.async_engine.recovery import ReplacedActorError
 from relax_gym.trainer.async_engine.bus_source import open_bus
 from relax_gym.trainer.async_engine.replica import announce_replica, setup_replica
 from relax_gym.trainer.policy.moe import routing_dims
+from relax_gym.trainer.rollout.media import MediaResolver
 from relax_gym.trainer.rollout.samples import ROUTING_FIELD, TRAIN_FIELDS, TrainItem, train_items
 from relax_gym.trainer.async_engine.staleness import staleness, staleness_stats
 
@@ -95,6 +96,7 @@ class ActorRole:
         self.version = 0
         self._bus_source = bus
         self._bus: Any = None
+        self._media = MediaResolver()  # the rows' shared media tensors, read by key (and cached) as batches arrive
         if pusher is not None:
             self.weights = pusher
         else:
@@ -262,6 +264,8 @@ class ActorRole:
             wait += time.perf_counter() - t0
             if batch is None:  # dropped partition: the run is stopping
                 break
+            batch.fields["mm_inputs"] = await self._media.resolve(batch.fields["mm_inputs"],
+                                                                  functools.partial(bus.get_media, partition))
             items = train_items(list(batch.sample_ids), batch.fields)
             got = len(consumed) + len(items)
             pending = fetch() if got < n_rows else None  # the next micro-batch arrives while this one trains
@@ -313,16 +317,21 @@ class ActorRole:
 
     @_restart_on_group_failure
     async def checkpoint(self, step: int, run_dir: str, extra: dict[str, Any] | None = None,
-                         parts: dict[str, str] | None = None) -> str:
+                         parts: dict[str, str] | None = None) -> dict[str, str | None]:
         """The colocate trainer's layout (:mod:`~relax_gym.trainer.run.checkpoint`): ``checkpoints/step_NNNNNN/`` with
         the model, the optimizer and the trainer state; ``extra``: what the controller adds (its ledger, the bus
-        cursor); ``parts``: folders other roles staged for this checkpoint (the critic's), moved in by name."""
+        cursor); ``parts``: folders other roles staged for this checkpoint (the critic's), moved in by name.
+        Returns ``{"path", "error"}``: a write that failed (disk full) is an ``error`` for the controller to report,
+        not a failure of this role (the previous checkpoint is intact)."""
         self._refuse_if_replacement()
         state = trainer_state(self.cfg.trainer, step=step, version=self.version, rng=self.rng,
                               elapsed_s=time.perf_counter() - self._run_start, extra=extra)
         staged = {name: Path(folder) for name, folder in (parts or {}).items()}
-        out = await asyncio.to_thread(save_checkpoint, Path(run_dir), self.actor, state, staged)
-        return str(out)
+        try:
+            out = await asyncio.to_thread(save_checkpoint, Path(run_dir), self.actor, state, staged)
+        except CheckpointWriteError as exc:
+            return {"path": None, "error": str(exc)}
+        return {"path": str(out), "error": None}
 
     async def current_version(self) -> int:
         return self.version

@@ -21,6 +21,7 @@ run from its last checkpoint (``critic`` is one of the stateful roles of
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from relax_gym.trainer.async_engine.recovery import ReplacedActorError
 from relax_gym.trainer.async_engine.replica import announce_replica, setup_replica
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.policy import build_policy
+from relax_gym.trainer.rollout.media import MediaResolver
 from relax_gym.trainer.rollout.samples import TrainItem, as_list
 from relax_gym.trainer.run.checkpoint import CRITIC_DIR, part_stage
 
@@ -68,6 +70,7 @@ class CriticRole:
         self.critic: Critic | None = None
         self.trained = 0  # partitions trained on (from the checkpoint's step on a resumed run)
         self._lock = asyncio.Lock()  # one forward / update / save at a time
+        self._media = MediaResolver()  # the rows' shared media tensors, read by key (and cached)
         self._replacement = announce_replica(registry, "critic") > 1
 
     def check_health(self) -> None:
@@ -132,6 +135,7 @@ class CriticRole:
             rows: list[list[float]] = [[] for _ in batch.sample_ids]
             live = [i for i, ok in enumerate(f["trainable"]) if ok]
             if live:
+                f["mm_inputs"] = await self._media.resolve(f["mm_inputs"], functools.partial(bus.get_media, partition))
                 async with self._lock:
                     values = await asyncio.to_thread(critic.values, _items(list(batch.sample_ids), f, live))
                 for i, row in zip(live, values):
@@ -157,6 +161,8 @@ class CriticRole:
             got += len(batch.sample_ids)
         items, returns, old = [], [], []
         for b in batches:
+            b.fields["mm_inputs"] = await self._media.resolve(b.fields["mm_inputs"],
+                                                              functools.partial(bus.get_media, partition))
             live = [i for i, ok in enumerate(b.fields["trainable"]) if ok]
             items += _items(list(b.sample_ids), b.fields, live)
             returns += [_floats(b.fields["returns"][i]) for i in live]

@@ -11,6 +11,10 @@ then asks the run's :class:`~relax_gym.trainer.async_engine.carry.CarrySlots` wh
 if the group is fresh enough) and puts it there; a group too stale for any is not put, and its answer says so
 (``partition`` None).
 
+Media are stored once per group (``trainer.dedupe_media``, on by default): the rows of a group render the same
+prompt, so each distinct media tensor goes on the bus once, by content key, and the rows carry references to it
+(:mod:`~relax_gym.trainer.rollout.media`); each summary reports its row's ``bus_bytes`` and ``media_bytes_saved``.
+
 The group is written with one ``put`` once all its episodes have ended: the advantages role needs whole groups,
 and a group re-sent after a replica failure then never leaves half a group (or a duplicate) on the bus. A failed
 episode (env or engine error, or anything unexpected around it) is written masked (``trainable`` False, loss
@@ -28,6 +32,8 @@ import asyncio
 import logging
 from typing import Any
 
+import torch
+
 import relax_gym
 from relax_gym.trainer.async_engine.bus_source import open_bus
 from relax_gym.trainer.async_engine.carry import claim_slot
@@ -38,6 +44,7 @@ from relax_gym.trainer.async_engine.replica import (
     setup_replica,
 )
 from relax_gym.trainer.config import RelaxConfig
+from relax_gym.trainer.databus.media import payload_bytes
 from relax_gym.trainer.databus.protocol import DuplicateRowError
 from relax_gym.trainer.engines.serve_client import HandleEngineClient
 from relax_gym.trainer.faults.hooks import SandboxHangs
@@ -45,14 +52,16 @@ from relax_gym.trainer.policy.moe import routing_dims
 from relax_gym.trainer.rewards.judge import Judge, judge_trajectory
 from relax_gym.trainer.rewards.judge_host import judge_processor
 from relax_gym.trainer.rollout.episode import Trajectory, run_episode
+from relax_gym.trainer.rollout.media import split_media
 from relax_gym.trainer.rollout.program_episode import ProgramEpisodes, is_agent_program
 from relax_gym.trainer.rollout.samples import (
     parse_version,
     summary_dict,
     trajectory_row,
 )
+from relax_gym.trainer.run.rollout_records import RolloutRecorder
 
-__all__ = ["EnvWorkerRole"]
+__all__ = ["EnvWorkerRole", "group_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +71,19 @@ class EnvWorkerRole:
     object, for in-process use); ``engine``: the inference deployment's app name, or an engine client."""
 
     def __init__(self, cfg: dict[str, Any], bus: Any, engine: Any, *, pool_size: int = 32, eval_pool_size: int = 16,
-                 torch_threads: int | None = None, registry: Any = None, slots: Any = None, judge_app: Any = None) -> None:
+                 torch_threads: int | None = None, registry: Any = None, slots: Any = None, judge_app: Any = None,
+                 run_dir: str | None = None) -> None:
         """``slots``: the run's :class:`~relax_gym.trainer.async_engine.carry.CarrySlots` (its Ray actor handle, or the object
         itself) when stragglers are carried; None otherwise. ``judge_app``: the genrm role's app name (or an engine
-        client serving the judge), when the run has a ``judge:``."""
+        client serving the judge), when the run has a ``judge:``. ``run_dir``: the run directory, on this machine;
+        the replica writes the rollout records of the episodes it plays there (relax-gym view: it holds their media,
+        which then never travel to the controller); None writes none."""
         setup_replica(torch_threads)
         self._slots = slots
         self.cfg = RelaxConfig.model_validate(cfg)
+        m = self.cfg.metrics
+        self._records = (RolloutRecorder(run_dir, per_step=m.rollouts_per_step, media_mb=m.rollout_media_mb)
+                         if run_dir is not None else None)
         self.processor = build_processor_only(self.cfg.model)
         self.routing = routing_dims(self.cfg.model)  # MoE: record the routed experts of training episodes
         self._bus_source, self._engine_source = bus, engine
@@ -188,23 +203,34 @@ class EnvWorkerRole:
             raise ValueError("run_group without a partition needs the run's carry slots and the group's born step "
                              "(trainer.stragglers=carry)")
         self._ready()
+        partition_given = partition  # None: a carried group (``group`` is its launch number, not its place in a step)
         played = await asyncio.gather(*(self._episode(self._train_pool, s, group, False) for s in seeds))
-        rows = [trajectory_row(traj, sid, versions) for (traj, versions), sid in zip(played, sample_ids)]
+        rows, media, sizes = group_rows([trajectory_row(traj, sid, versions)
+                                         for (traj, versions), sid in zip(played, sample_ids)],
+                                        dedupe=self.cfg.trainer.dedupe_media)
         if partition is None:
             partition = await claim_slot(self._slots, sample_ids[0], born)
         if partition is not None:
             try:
-                await self._bus.put(partition, rows)
+                await self._bus.put(partition, rows, media=media)
             except DuplicateRowError:  # a re-sent group whose first put landed before its replica died: those rows stay
                 log.warning("step partition %d group %d: already on the bus from an earlier attempt; keeping those rows",
                             partition, group)
-        return [{**summary_dict(traj, sid, versions), "partition": partition}
-                for (traj, versions), sid in zip(played, sample_ids)]
+        if self._records is not None:  # filed under the step that trains the group (a carried one: where it landed)
+            step = partition + 1 if partition is not None else _launch_step(sample_ids[0])
+            await asyncio.to_thread(self._records.write, step, "train", [traj for traj, _ in played],
+                                    first_index=group * len(seeds), arrival=partition_given is None)
+        return [{**summary_dict(traj, sid, versions), **(size if partition is not None else {}), "partition": partition}
+                for (traj, versions), sid, size in zip(played, sample_ids, sizes)]
 
-    async def evaluate(self, seeds: list[int]) -> list[dict[str, Any]]:
-        """Greedy episodes on the eval split (nothing goes to the bus); one summary per seed."""
+    async def evaluate(self, seeds: list[int], *, step: int | None = None, first_index: int = 0) -> list[dict[str, Any]]:
+        """Greedy episodes on the eval split (nothing goes to the bus); one summary per seed. ``step`` (the metrics
+        row's) and ``first_index`` (this chunk's place among the step's eval seeds): where the rollout records go;
+        without ``step`` none are written."""
         self._ready()
         played = await asyncio.gather(*(self._episode(self._eval_pool, s, i, True) for i, s in enumerate(seeds)))
+        if self._records is not None and step is not None:
+            await asyncio.to_thread(self._records.write, step, "eval", [traj for traj, _ in played], first_index=first_index)
         return [summary_dict(traj, f"eval-{s}", versions) for (traj, versions), s in zip(played, seeds)]
 
     def __del__(self) -> None:
@@ -217,3 +243,22 @@ class EnvWorkerRole:
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 pass
 
+
+
+def _launch_step(sid: str) -> int:
+    """The step a sample id was launched for (``"s000003-g0002-01"`` -> 3)."""
+    return int(sid.split("-")[0][1:])
+
+
+def group_rows(rows: list[dict[str, Any]], *, dedupe: bool = True) -> tuple[list[dict[str, Any]],
+                                                                         dict[str, torch.Tensor], list[dict[str, int]]]:
+    """A group's bus rows as one put takes them: with ``dedupe``, each distinct media tensor once by content key and
+    references in the rows (:func:`~relax_gym.trainer.rollout.media.split_media`); without, the rows as they are.
+    Also each row's ``bus_bytes`` (its payload plus the media it is the first to reference) and
+    ``media_bytes_saved`` (what it would have carried inline, less that), which the step row sums."""
+    inline = [payload_bytes(r) for r in rows]
+    if not dedupe:
+        return rows, {}, [{"bus_bytes": n, "media_bytes_saved": 0} for n in inline]
+    shared, media, stored = split_media(rows)
+    sizes = [payload_bytes(r) + s for r, s in zip(shared, stored)]
+    return shared, media, [{"bus_bytes": n, "media_bytes_saved": full - n} for n, full in zip(sizes, inline)]

@@ -14,6 +14,7 @@ any further epoch.
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.policy import build_policy
 from relax_gym.trainer.async_engine.bus_source import open_bus
 from relax_gym.trainer.async_engine.replica import announce_replica, setup_replica
+from relax_gym.trainer.rollout.media import MediaResolver
 from relax_gym.trainer.rollout.samples import TrainItem, as_list
 
 __all__ = ["ReferenceRole"]
@@ -39,6 +41,7 @@ class ReferenceRole:
         self._bus: Any = None
         self._loaded: str | None = None
         self._actor: HFActor | None = None
+        self._media = MediaResolver()  # the rows' shared media tensors, read by key (and cached)
         self._lock = asyncio.Lock()
         announce_replica(registry, "reference")
 
@@ -80,6 +83,7 @@ class ReferenceRole:
             rows: list[list[float]] = [[] for _ in batch.sample_ids]
             live = [i for i, ok in enumerate(f["trainable"]) if ok]
             if live:
+                f["mm_inputs"] = await self._media.resolve(f["mm_inputs"], functools.partial(bus.get_media, partition))
                 items = [TrainItem(sample_id=batch.sample_ids[i], group_id=0, input_ids=[int(x) for x in as_list(f["tokens"][i])],
                                    loss_mask=[int(x) for x in as_list(f["loss_mask"][i])], rollout_logprobs=[], mm=dict(f["mm_inputs"][i] or {}),
                                    advantage=0.0, keep=True, trainable=True, policy_versions=[]) for i in live]
