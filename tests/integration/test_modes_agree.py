@@ -22,7 +22,8 @@ TINY = ["model.base=null", "trainer.steps=3", "trainer.sft_warmup_steps=1", "tra
 # by nature in one mode only: the async actor's versions, staleness, data wait and bus counts; colocate's lr (the
 # async actor sets its lr itself). status_<s> counts depend on what the sampled episodes did.
 ASYNC_ONLY = {"trained_version", "rollout_version_min", "rollout_version_max", "staleness_avg", "staleness_max",
-              "data_wait_s", "data_wait_fraction", "partial_groups", "samples_consumed"}
+              "data_wait_s", "data_wait_fraction", "partial_groups", "samples_consumed", "bus_bytes_put",
+              "bus_media_bytes_saved"}
 COLOCATE_ONLY = {"lr"}
 
 
