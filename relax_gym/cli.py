@@ -70,12 +70,12 @@ def _make(env_id: str, kwargs: dict[str, Any]):
 def envs_list() -> None:
     """List registered environments (and manifests that failed to load)."""
     registry = _registry()
-    rows = [(env_id, ",".join(registry.spec(env_id).resolved_modalities()), _short_path(registry.spec(env_id).source))
-            for env_id in registry.list_envs()]
+    specs = [registry.spec(env_id) for env_id in registry.list_envs()]
+    rows = [(s.id, ",".join(s.resolved_modalities()), _short_path(s.source)) for s in specs]
     if console.is_terminal:
         table = Table("id", "modalities", "source", box=None)
         for row in rows:
-            table.add_row(*row, style=None)
+            table.add_row(*row)
         table.columns[2].overflow = "fold"  # a long path wraps within its column instead of being cut
         console.print(table)
     else:  # a pipe or a log (any width): aligned columns, nothing cut

@@ -143,10 +143,16 @@ class ColocateTrainer:
         """Start decoding the media of ``seeds``' prompts in the background (envs that offer ``prefetch``: the
         multiple-choice family), so that those resets find their clips in the decode cache. Called with the next
         step's seeds while this step trains; one prompt per group is enough (a group shares its prompt)."""
-        env = envs._queue[0] if envs.qsize() else None  # any idle env of the pool: they share the decode cache
-        prefetch = getattr(getattr(env, "unwrapped", None), "prefetch", None)
-        if prefetch is not None:
-            prefetch(sorted({seed for seed, _ in seeds}))
+        try:
+            env = envs.get_nowait()  # any idle env of the pool (they share the decode cache), borrowed and put back
+        except asyncio.QueueEmpty:
+            return
+        try:
+            prefetch = getattr(env.unwrapped, "prefetch", None)
+            if prefetch is not None:
+                prefetch(sorted({seed for seed, _ in seeds}))
+        finally:
+            envs.put_nowait(env)
 
     async def _episodes(self, envs: asyncio.Queue, seeds: list[tuple[int, int]], sampling: dict[str, Any],
                         routing: tuple[int, int] | None = None) -> list[Trajectory]:
