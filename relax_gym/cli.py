@@ -171,45 +171,48 @@ def envs_play(
     from relax_gym.envs.random_policy import RandomPolicy
 
     env = _make(env_id, kwargs)
-    env.action_space.seed(seed)
-    randomly = RandomPolicy(np.random.default_rng(seed))
-    media = None
-    if media_dir is not None:
-        from relax_gym.trainer.run.rollout_records import MediaStore
+    try:
+        env.action_space.seed(seed)
+        randomly = RandomPolicy(np.random.default_rng(seed))
+        media = None
+        if media_dir is not None:
+            from relax_gym.trainer.run.rollout_records import MediaStore
 
-        media = MediaStore(media_dir, budget_bytes=1 << 40)
-    # one text stream for the whole command: wrapping stdin again per answer would drop what the previous wrapper
-    # had buffered (piped answers after the first line)
-    stdin = typer.get_text_stream("stdin") if policy is Policy.stdin else None
-    total = 0.0
-    for episode in range(episodes):
-        obs, info = env.reset(seed=seed + episode)
-        origin = f", {info['origin']}" if info.get("origin") else ""
-        console.rule(escape(f"{env_id} episode {episode} (seed {seed + episode}{origin})"))
-        _print_messages(obs, media)
-        conversation = list(obs)
-        done, ret = False, 0.0
-        while not done:
-            action = _choose(policy, env, info, conversation, randomly, stdin)
-            console.print("[bold cyan]assistant:[/] " + escape(action))
-            try:
-                obs, reward, terminated, truncated, info = env.step(action)
-            except RubricError as exc:
-                raise _fail(str(exc)) from None
+            media = MediaStore(media_dir, budget_bytes=1 << 40)
+        # one text stream for the whole command: wrapping stdin again per answer would drop what the previous wrapper
+        # had buffered (piped answers after the first line)
+        stdin = typer.get_text_stream("stdin") if policy is Policy.stdin else None
+        total = 0.0
+        for episode in range(episodes):
+            obs, info = env.reset(seed=seed + episode)
+            origin = f", {info['origin']}" if info.get("origin") else ""
+            console.rule(escape(f"{env_id} episode {episode} (seed {seed + episode}{origin})"))
             _print_messages(obs, media)
-            _print_tool_results(obs)
-            conversation += obs
-            if info.get("tool_traceback"):  # a tool raised: the env author's bug, shown with its traceback
-                console.print("[red]a tool raised:[/]\n" + escape(info["tool_traceback"]))
-            ret += reward
-            done = terminated or truncated
-            console.print(f"reward {reward:.3f}  breakdown {info.get('reward_breakdown')}  status {info['status']}"
-                          + (f" ({escape(str(info.get('status_detail') or info.get('error')))})" if info["status"] not in ("ok",) else ""))
-            if info.get("judge_requests"):
-                console.print("pending judge parts (counted 0 here): " + ", ".join(r["part"] for r in info["judge_requests"]))
-        total += ret
-    console.rule()
-    console.print(f"mean return over {episodes} episode(s): {total / episodes:.3f}")
+            conversation = list(obs)
+            done, ret = False, 0.0
+            while not done:
+                action = _choose(policy, env, info, conversation, randomly, stdin)
+                console.print("[bold cyan]assistant:[/] " + escape(action))
+                try:
+                    obs, reward, terminated, truncated, info = env.step(action)
+                except RubricError as exc:
+                    raise _fail(str(exc)) from None
+                _print_messages(obs, media)
+                _print_tool_results(obs)
+                conversation += obs
+                if info.get("tool_traceback"):  # a tool raised: the env author's bug, shown with its traceback
+                    console.print("[red]a tool raised:[/]\n" + escape(info["tool_traceback"]))
+                ret += reward
+                done = terminated or truncated
+                console.print(f"reward {reward:.3f}  breakdown {info.get('reward_breakdown')}  status {info['status']}"
+                              + (f" ({escape(str(info.get('status_detail') or info.get('error')))})" if info["status"] not in ("ok",) else ""))
+                if info.get("judge_requests"):
+                    console.print("pending judge parts (counted 0 here): " + ", ".join(r["part"] for r in info["judge_requests"]))
+            total += ret
+        console.rule()
+        console.print(f"mean return over {episodes} episode(s): {total / episodes:.3f}")
+    finally:
+        env.close()  # its sandboxes go with it
 
 
 @envs_app.command("serve")
@@ -335,6 +338,31 @@ def sandbox_doctor() -> None:
     except SandboxUnavailable as exc:
         raise _fail(str(exc)) from None
     console.print(f"selected: {chosen} ({ENV_VAR}={__import__('os').environ.get(ENV_VAR, 'auto')})")
+
+
+@sandbox_app.command("gc")
+def sandbox_gc(
+    all_owners: Annotated[bool, typer.Option("--all", help="also remove sandboxes of processes that are still running "
+                                             "(their runs lose them)")] = False,
+) -> None:
+    """Remove the sandboxes (containers, bwrap cgroups and directories) that processes which died without closing
+    them left on this machine; those of live processes stay unless --all. Each backend that works here is swept."""
+    from relax_gym.sandbox.backends import backend_names, get_backend
+
+    swept = 0
+    for name in backend_names():
+        backend = get_backend(name)
+        problem = backend.check()
+        if problem is not None:
+            console.print(f"{name}: skipped ({escape(problem)})")
+            continue
+        removed = backend.reap(all_owners=all_owners)
+        left = len(backend.every())
+        swept += 1
+        note = "" if all_owners or not left else " (owned by running processes; --all removes them)"
+        console.print(f"{name}: removed {removed}, {left} left{note}")
+    if not swept:
+        raise _fail("no sandbox backend works on this machine (relax-gym sandbox doctor says why)")
 
 
 @sandbox_app.command("build-image")

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from relax_gym.envs.core import AgentEnv, Opening, Outcome
-from relax_gym.envs.episode_sandbox import EpisodeSandbox
+from relax_gym.envs.episode_sandbox import EpisodeSandbox, PoolHold
 from relax_gym.envs.turn_proxy import HistoryRewritten, ProgramExit, TurnProxy
 from relax_gym.omni import Message, TextPart
 from relax_gym.sandbox.spec import SandboxSpec
@@ -136,6 +136,8 @@ class AgentProgramEnv(AgentEnv):
         self._thread: threading.Thread | None = None
         self._replies = 0
         self._last_exit: ProgramRun | None = None
+        # the shared sandbox pools stay open (warm between episodes) until this env closes
+        self._pool_hold = PoolHold() if runner == "sandbox" else None
 
     # -- subclass hooks -----------------------------------------------------------------------------------
 
@@ -237,7 +239,7 @@ class AgentProgramEnv(AgentEnv):
         # validated again: the mounts must not clash with the spec's workdir or its own mounts
         spec = SandboxSpec.model_validate({**self.sandbox_spec.model_dump(),
                                            "mounts": [*self.sandbox_spec.model_dump()["mounts"], *(m.model_dump() for m in mounts)]})
-        sandbox = EpisodeSandbox(spec, backend=self.backend, episode_timeout_s=self.program_timeout_s + 60.0)
+        sandbox = EpisodeSandbox(spec, backend=self.backend, episode_timeout_s=self.program_timeout_s + 60.0, hold=False)
         try:
             interfaces = _interfaces(sandbox)
             if not spec.network and interfaces != ("lo",):
@@ -316,6 +318,8 @@ class AgentProgramEnv(AgentEnv):
         if self._proxy is not None:
             self._proxy.close()
             self._proxy = None
+        if self._pool_hold is not None:
+            self._pool_hold.release()  # the last hold removes the pools' sandboxes
         super().close()
 
 

@@ -3,6 +3,11 @@
 Nothing is created until the first tool call; the lease's deadline is the episode's (``episode_timeout_s`` after
 the first call), so a hung tool cannot outlive the episode; ``release()`` at episode end hands the sandbox back
 for a reset. Synchronous, for gymnasium envs: the pool lives on the shared sandbox loop.
+
+The pools stay open while anything holds them (:class:`PoolHold`: every :class:`EpisodeSandbox` takes one, and an
+env closes it in its ``close()``), so sandboxes stay warm from one episode to the next; when the last hold is
+released the pools close, and every sandbox of theirs is destroyed (containers removed) before that ``close()``
+returns. Nothing of ours is left running by a process whose envs were closed.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from relax_gym.sandbox.spec import SandboxSpec
 
 _pools: dict[str, SandboxPool] = {}
 _pools_lock = threading.Lock()
+_holds = 0  # open PoolHold objects in this process
 
 
 def shared_pool(backend_name: str | None = None) -> SandboxPool:
@@ -42,12 +48,48 @@ def close_shared_pools(timeout: float = 120.0) -> int:
     return len(pools)
 
 
+def open_holds() -> int:
+    """How many :class:`PoolHold` objects of this process are not released."""
+    return _holds
+
+
+class PoolHold:
+    """A claim that keeps this process's shared pools open. Releasing the last one closes them: their sandboxes are
+    destroyed before :meth:`release` returns. Release is idempotent."""
+
+    def __init__(self) -> None:
+        global _holds
+        with _pools_lock:
+            _holds += 1
+        self._held = True
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def release(self, timeout: float = 120.0) -> None:
+        global _holds
+        with _pools_lock:
+            if not self._held:
+                return
+            self._held = False
+            _holds -= 1
+            last = _holds == 0
+        if last:
+            close_shared_pools(timeout)
+
+
 class EpisodeSandbox:
-    def __init__(self, spec: SandboxSpec, *, backend: str | None = None, episode_timeout_s: float = 300.0) -> None:
+    """``hold`` (default True): keep the shared pools open until :meth:`close` (an env's sandbox); False for a
+    short-lived one inside an episode whose env holds the pools itself."""
+
+    def __init__(self, spec: SandboxSpec, *, backend: str | None = None, episode_timeout_s: float = 300.0,
+                 hold: bool = True) -> None:
         self.spec = spec
         self.backend_name = backend
         self.episode_timeout_s = episode_timeout_s
         self._lease: Lease | None = None
+        self._hold = PoolHold() if hold else None
 
     @property
     def active(self) -> bool:
@@ -64,6 +106,15 @@ class EpisodeSandbox:
         if lease is not None:
             pool = shared_pool(self.backend_name)
             sync.run(pool.release(lease), timeout=120)
+
+    def close(self) -> None:
+        """Hand back the episode's sandbox and release this sandbox's hold on the shared pools: the last hold
+        closes them (see the module doc). Idempotent."""
+        try:
+            self.release()
+        finally:
+            if self._hold is not None:
+                self._hold.release()
 
     def _ensure(self) -> Lease:
         if self._lease is None:

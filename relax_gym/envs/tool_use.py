@@ -106,3 +106,11 @@ class ToolUseEnv(ToolEnv):
 
     def _end_episode(self) -> None:
         self.sandbox.release()
+
+    def close(self) -> None:
+        """End the episode and close the sandbox: when no other env of this process holds the shared pool, its
+        containers are removed before this returns."""
+        try:
+            super().close()
+        finally:
+            self.sandbox.close()

@@ -204,3 +204,7 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def live(self) -> list[str]:
         """Ids of this process's sandboxes that still hold resources (containers, cgroups, processes)."""
+
+    @abc.abstractmethod
+    def every(self) -> list[str]:
+        """Ids of every sandbox of ours on this machine that still holds resources, whatever process owns it."""

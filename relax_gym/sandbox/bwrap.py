@@ -1048,6 +1048,9 @@ class BwrapBackend(Backend):
     def live(self) -> list[str]:
         return sorted(sid for sid in self._names() if self._owned_by_me(sid))
 
+    def every(self) -> list[str]:
+        return sorted(self._names())
+
     def reap(self, *, all_owners: bool = False) -> int:
         count = 0
         for sid in sorted(self._names()):

@@ -756,6 +756,9 @@ class DockerBackend(Backend):
         found = self._ours(f"{OWNER_LABEL}={owner_tag()}")
         return [labels[LABEL] for labels in ((c.get("Labels") or {}) for c in found) if LABEL in labels]
 
+    def every(self) -> list[str]:
+        return sorted((c.get("Labels") or {}).get(LABEL, c["Id"][:12]) for c in self._ours(LABEL))
+
     def reap(self, *, all_owners: bool = False) -> int:
         me, host = owner_tag(), os.uname().nodename
         removed = 0

@@ -8,6 +8,7 @@ exactly the token ids the gateway recorded for that episode's final call, prompt
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from relax_gym.cli import app
 from relax_gym.envs.episode_sandbox import shared_pool
 from relax_gym.sandbox import sync
 from relax_gym.sandbox.backends import get_backend
+from relax_gym.sandbox.docker import LABEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -92,6 +94,24 @@ def test_colocate_trains_on_exactly_the_recorded_tokens(tmp_path, monkeypatch, b
     assert interfaces and all(tuple(i) == ("lo",) for i in interfaces), interfaces
 
 
-def test_async_mode_trains_the_agent_in_docker(ray_session, tmp_path):
+def test_async_mode_trains_the_agent_in_docker_and_leaves_no_container(ray_session, tmp_path):
+    """Async, two env-worker replicas, one killed at step 1 with ``ray.kill`` (forced: no ``__del__``, no atexit;
+    its containers are orphans). The replacement's pool reaps containers whose owner died when it starts (the
+    "next start"), and at the run's end every replica stops gracefully, its ``__del__`` closing its envs and sandbox
+    pool. Counted with the Docker API by our label: none of the run's containers is left when ``relax-gym train``
+    returns, with no ``relax-gym sandbox gc``."""
     _need("docker")
-    _train(tmp_path / "run", "env.kwargs.backend=docker", "trainer.mode=async", "trainer.max_staleness=1")
+    docker = get_backend("docker")
+    before, since = set(docker.every()), int(time.time()) - 1
+    run_dir = tmp_path / "run"
+    _train(run_dir, "env.kwargs.backend=docker", "trainer.mode=async", "trainer.max_staleness=1",
+           "roles.env_worker.replicas=2", "roles.health_check_period_s=2",
+           "faults.inject=[{kind: kill, role: env_worker, at_step: 1}]")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["faults_injected"] == {"kill": 1, "kill:env_worker": 1}
+    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
+    created = docker._api().events(since=since, until=int(time.time()) + 1, decode=True,
+                                   filters={"type": "container", "event": "create", "label": LABEL})
+    assert len(list(created)) >= 2, "the run's episodes should have run in containers"
+    left = set(docker.every()) - before
+    assert not left, f"containers of the run left after it returned: {sorted(left)}"

@@ -85,6 +85,9 @@ class TwinBackend(Backend):
     def live(self):
         return sorted(self.alive)
 
+    def every(self):
+        return sorted(self.alive)
+
 
 def test_release_resets_and_reuses_without_shared_state():
     async def body():

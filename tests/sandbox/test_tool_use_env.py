@@ -116,3 +116,23 @@ def test_play_gold_on_tool_use_from_the_cli(backend, monkeypatch):
     result = CliRunner().invoke(app, ["envs", "play", "tool-use", "--episodes", "2"])
     assert result.exit_code == 0, result.output
     assert "<tool_response>" in result.output and "mean return over 2 episode(s): 1.000" in result.output
+
+
+def test_close_returns_after_the_sandbox_is_gone(backend):
+    """close() on the last env of the process closes the shared pool: its sandbox (a container, or a bwrap tree) is
+    gone when close() returns. While another env holds the pool, a closed env's sandbox stays warm for it."""
+    first = relax_gym.make("tool-use", backend=backend.name)
+    second = relax_gym.make("tool-use", backend=backend.name)
+    try:
+        _, info = first.reset(seed=0)
+        first.step(info["gold"])  # the first tool call leases a sandbox
+        assert len(backend.live()) == 1
+        first.close()
+        assert len(backend.live()) == 1, "the second env still holds the pool: the sandbox stays warm"
+        _, info = second.reset(seed=1)
+        obs, *_ = second.step(info["gold"])
+        assert obs[0].role == "tool" and shared_pool(backend.name).stats.reused >= 1
+    finally:
+        first.close()
+        second.close()
+    assert backend.live() == [], "close() returned with a sandbox of ours still there"

@@ -13,6 +13,7 @@ import math
 import os
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ class RoleSpec:
     args: tuple = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     section: RoleSection = field(default_factory=RoleSection)
+    shutdown_s: float = 5.0  # Serve's graceful_shutdown_timeout_s: the replica's __del__ runs within it
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -59,7 +61,8 @@ def plan_roles(cfg: RelaxConfig, bus: Any, coordinator: Any, app_prefix: str, *,
                  {"coordinator": coordinator, "torch_threads": roles.inference.torch_threads}, roles.inference),
         RoleSpec("env_worker", "relax_gym.trainer.async_engine.roles.env_worker:EnvWorkerRole", (plain, bus, f"{app_prefix}-inference"),
                  {"pool_size": _ceil_div(in_flight, workers), "eval_pool_size": _ceil_div(min(t.concurrency, t.eval_episodes), workers),
-                  "torch_threads": roles.env_worker.torch_threads, "slots": slots, "run_dir": run_dir}, roles.env_worker),
+                  "torch_threads": roles.env_worker.torch_threads, "slots": slots, "run_dir": run_dir}, roles.env_worker,
+                 shutdown_s=30.0),  # its __del__ removes the replica's sandbox containers
         RoleSpec("advantages", "relax_gym.trainer.async_engine.roles.advantages:AdvantagesRole", (plain["algorithm"], bus), {}, roles.advantages),
         RoleSpec("actor", "relax_gym.trainer.async_engine.roles.actor:ActorRole", (plain, bus, coordinator),
                  {"torch_threads": roles.actor.torch_threads}, roles.actor),
@@ -174,7 +177,7 @@ class Topology:
                 _import(spec.cls_path), name=spec.name, num_replicas=s.replicas, max_ongoing_requests=s.max_ongoing_requests,
                 ray_actor_options={"num_cpus": s.num_cpus, "num_gpus": s.num_gpus}, health_check_period_s=r.health_check_period_s,
                 health_check_timeout_s=max(60.0, 2 * r.health_check_period_s),
-                graceful_shutdown_timeout_s=5.0, logging_config={"log_level": "WARNING", "enable_access_log": False})
+                graceful_shutdown_timeout_s=spec.shutdown_s, logging_config={"log_level": "WARNING", "enable_access_log": False})
             app = f"{self.prefix}-{spec.name}"
             targets.append(RunTarget(deployment.bind(*spec.args, **spec.kwargs), name=app, route_prefix=None))
             self.apps.append(app)
@@ -257,11 +260,17 @@ class Topology:
 
         if not ray.is_initialized():
             return
-        for app in self.apps:
-            try:
-                serve.delete(app, _blocking=False)
+
+        def delete(app: str) -> None:
+            try:  # blocking: the replicas' __del__ (env workers remove their sandbox containers) runs before we go on
+                serve.delete(app, _blocking=True)
             except Exception:  # noqa: BLE001 - best effort
                 log.debug("deleting %s failed", app, exc_info=True)
+
+        apps, self.apps = self.apps, []
+        if apps:
+            with ThreadPoolExecutor(len(apps), thread_name_prefix="relax-gym-teardown") as pool:
+                list(pool.map(delete, apps))
         if self.bus is not None or self._tq_owner is not None:  # the run never got to close them
             asyncio.run(self.close_bus())
         for actor in self.actors:

@@ -234,6 +234,10 @@ class EnvWorkerRole:
         return [summary_dict(traj, f"eval-{s}", versions) for (traj, versions), s in zip(played, seeds)]
 
     def __del__(self) -> None:
+        """Serve calls this when the replica is stopped (graceful shutdown, within the deployment's
+        ``graceful_shutdown_timeout_s``): the envs close, then this process's sandbox pools, so the replica's
+        containers are removed before it exits. A replica killed outright leaves them to the next pool start's
+        reaping (their owner is dead) or to ``relax-gym sandbox gc``."""
         programs = getattr(self, "_programs", None)
         if programs is not None:
             programs.close()
@@ -241,7 +245,13 @@ class EnvWorkerRole:
             try:
                 env.close()
             except Exception:  # noqa: BLE001 - best effort at shutdown
-                pass
+                log.debug("closing an env failed", exc_info=True)
+        try:
+            from relax_gym.envs.episode_sandbox import close_shared_pools
+
+            close_shared_pools()
+        except Exception:  # noqa: BLE001 - best effort at shutdown
+            log.warning("closing the replica's sandbox pools failed", exc_info=True)
 
 
 
