@@ -615,7 +615,10 @@ def bench(
 
 
 def main() -> None:
+    from relax_gym.terminate import exit_on_sigterm
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    exit_on_sigterm()  # a SIGTERMed run unwinds: its sandboxes, servers and Ray go before it exits
     app()
 
 
