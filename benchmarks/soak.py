@@ -125,7 +125,7 @@ class Monitor(threading.Thread):
         super().__init__(daemon=True, name="soak-monitor")
         self.metrics = run_dir / "metrics.jsonl"
         self.samples: list[dict[str, Any]] = []
-        self._stop = threading.Event()
+        self._done = threading.Event()
 
     def latest_step(self) -> int:
         try:
@@ -137,7 +137,7 @@ class Monitor(threading.Thread):
 
     def run(self) -> None:
         taken: set[int] = set()
-        while not self._stop.wait(2.0):
+        while not self._done.wait(2.0):
             step = self.latest_step()
             mark = step - step % SAMPLE_EVERY
             if mark >= SAMPLE_EVERY and mark not in taken:
@@ -145,7 +145,7 @@ class Monitor(threading.Thread):
                 self.samples.append({"step": step, "t": time.time(), **sample_resources()})
 
     def stop(self) -> list[dict[str, Any]]:
-        self._stop.set()
+        self._done.set()
         self.join(30)
         return self.samples
 

@@ -117,3 +117,29 @@ def test_small_helpers():
     assert sample_step(sample_id(12, 3, 1)) == 12
     assert retries_within(1.0) == 3  # 0.2 + 0.4 + 0.8 s of backoff
     assert retries_within(120.0) == 28  # 0.2 .. 3.2 s, then 5 s each
+
+
+def test_a_cancelled_call_cancels_its_request_in_the_replica():
+    """The run ending (or restarting) cancels the controller's tasks; each role request they await is cancelled in its
+    replica too, so a replica being stopped is not held by a request nobody waits for (its __del__ then runs)."""
+
+    class Response:  # a DeploymentResponse that never answers
+        cancelled = False
+
+        def __await__(self):
+            return asyncio.get_running_loop().create_future().__await__()
+
+        def cancel(self):
+            Response.cancelled = True
+
+    async def body():
+        supervisor = Supervisor(None, budget=1, wait_s=5)
+        task = asyncio.ensure_future(supervisor.call("env_worker", Response, "step 1 group 0"))
+        await asyncio.sleep(0.05)
+        assert not Response.cancelled
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert Response.cancelled
+
+    asyncio.run(body())

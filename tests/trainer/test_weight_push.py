@@ -1,5 +1,5 @@
-"""The DCS pusher drops an engine whose replica is gone (unreachable at the pause step) and pushes again; the
-colocated embedded engine is pushed to in process."""
+"""The DCS pusher drops an engine whose replica is gone (unreachable at the pause step) and pushes again (when
+all are gone, there is nothing to push to until their replacements register); the colocated embedded engine is pushed to in process."""
 
 from __future__ import annotations
 
@@ -26,9 +26,13 @@ def test_unreachable_engines_are_removed_before_the_push_is_retried():
     pusher = in_thread(make_pusher(InferenceSection(), names=checkpoint_names(model), coordinator=coordinator))
     assert isinstance(pusher.pusher, DCSPush)
     try:
-        with pytest.raises(DCSError, match="no engines registered"):  # both gone: nothing left to push to
-            asyncio.run(pusher.push(model.state_dict(), 1))
+        # both died during the push: nothing is left to push to, which is not the actor's failure (replaced engines
+        # register again and ask the actor for the weights it pushed last)
+        report = asyncio.run(pusher.push(model.state_dict(), 1))
+        assert (report.engines, report.bytes, report.version) == (0, 0, 1)
         assert coordinator.engines == () and coordinator.version == 0
+        with pytest.raises(DCSError, match="no engines registered"):  # none at the start: a configuration error
+            asyncio.run(pusher.push(model.state_dict(), 2))
     finally:
         pusher.close()
 

@@ -95,6 +95,20 @@ class ReplicaRegistry:
         return len(self.names), await self.restarts()
 
 
+async def _cancelling(response: Awaitable[T]) -> T:
+    """Await a handle call; if the awaiting task is cancelled (the run ends, fails or restarts), cancel the request in
+    its replica too. Serve does not do that by itself, and a replica being stopped first waits for its requests in
+    flight: an uncancelled one (an env-worker group waiting on a dead engine) would hold the replica until Serve kills
+    it, so that its ``__del__`` (its sandboxes removed) never runs."""
+    try:
+        return await response
+    except asyncio.CancelledError:
+        cancel = getattr(response, "cancel", None)
+        if cancel is not None:
+            cancel()
+        raise
+
+
 class Supervisor:
     """Level-1 recovery for one topology: retried role calls and the restart watch.
 
@@ -113,7 +127,7 @@ class Supervisor:
         delay = 0.2
         while True:
             try:
-                return await make()
+                return await _cancelling(make())
             except Exception as exc:
                 if isinstance(exc, ReplacedActorError) or isinstance(getattr(exc, "cause", None), ReplacedActorError):
                     raise GlobalRestart(f"{what} reached a replacement actor replica: {exc}") from exc

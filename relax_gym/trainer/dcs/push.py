@@ -115,7 +115,13 @@ class DCSPush:
                     raise
                 log.warning("engine %s is gone; removed from the DCS coordinator, pushing version %s again", exc.url, version)
                 self._remove(exc.url)
+                if not self._engines():  # every engine died: their replacements register and catch up on their own
+                    log.warning("no engine is left to push version %s to; the replaced ones will ask for it", version)
+                    return PushReport(0, 0.0, 0, self.client.transport.name, version, engines=0)
         return self.client.push(state_dict, version)
+
+    def _engines(self) -> tuple:
+        return tuple(self.client.coordinator.push_plan().engines)
 
     def _remove(self, url: str) -> None:
         if isinstance(self.coordinator, DCSCoordinator):
