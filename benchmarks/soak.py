@@ -23,7 +23,7 @@ gives the reference eval reward. Reported: samples produced / consumed / lost / 
 faults by kind, the series and their slopes, final eval reward faulted vs clean, and the containers left after the
 run (0 expected).
 
-    python benchmarks/soak.py [--steps 200] [--p 0.05] [--backend docker|bwrap] [--no-clean] [--quick]
+    python benchmarks/soak.py [--steps 200] [--p 0.02] [--backend docker|bwrap] [--no-clean] [--quick]
 
 A 200-step soak takes about an hour per run on two cores; ``--quick`` is 20 steps, for checking the harness.
 """
@@ -70,7 +70,10 @@ def workload(steps: int, backend: str) -> list[str]:
             # learns that within the run, while it rarely gets the number right, so the eval reward can move
             "env.kwargs.accuracy_weight=0.5", "env.kwargs.format_weight=0.5",
             "trainer.checkpoint_every=2", "trainer.time_budget_s=null", "inference.max_new_tokens=64",
-            "metrics.tensorboard=false", "roles.bus=transferqueue", "roles.health_check_period_s=2", "faults.seed=0"]
+            "metrics.tensorboard=false", "roles.bus=transferqueue", "roles.health_check_period_s=2", "faults.seed=0",
+            # random kills all run long: each replacement is level 1 (the default budget, 3 per role, is for a run
+            # whose roles die by accident: past it the run restarts globally)
+            "roles.restart_budget=1000", "roles.max_global_restarts=3"]
 
 
 # ---------------------------------------------------------------------------------------------- resources
@@ -213,7 +216,7 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def run(quick: bool = False, *, steps: int | None = None, p: float = 0.05, backend: str = "docker",
+def run(quick: bool = False, *, steps: int | None = None, p: float = 0.02, backend: str = "docker",
         clean: bool = True) -> dict[str, Any]:
     """The faulted soak, then (``clean``) the same run without faults; both on one Ray instance."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -250,7 +253,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="20 steps: checks the harness, not a soak")
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--p", type=float, default=0.05, help="per-step probability of each random fault")
+    parser.add_argument("--p", type=float, default=0.02, help="per-step probability of each random fault")
     parser.add_argument("--backend", choices=["docker", "bwrap"], default="docker")
     parser.add_argument("--no-clean", action="store_true", help="skip the clean reference run")
     args = parser.parse_args()
