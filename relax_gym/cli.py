@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from relax_gym.trainer.plan.cli import plan_app
+
 app = typer.Typer(help="relax-gym: omni-modal agentic RL environments and trainer.", no_args_is_help=True, pretty_exceptions_enable=False)
 envs_app = typer.Typer(help="List, inspect, check and play environments.", no_args_is_help=True)
 app.add_typer(envs_app, name="envs")
@@ -24,6 +26,7 @@ judge_app = typer.Typer(help="Judge models (judge.model): LLM judges built in co
                         no_args_is_help=True)
 app.add_typer(judge_app, name="judge")
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(plan_app, name="plan")  # relax_gym/trainer/plan/cli.py: imports only typer; the planner loads per command
 
 
 class _Console(Console):

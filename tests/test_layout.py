@@ -24,7 +24,8 @@ FORBIDDEN = {
 
 # The trainer's units (a folder, or one of the root modules) and the units each may import. Read bottom-up:
 # algorithms <- policy <- {engines, actors} <- {rollout, dcs, base} <- config <- rewards <- run <- {colocate, async_engine} <- train.
-# Only async_engine uses the data bus; nothing imports tools (python -m entry points).
+# Only async_engine uses the data bus (and plan, which runs it on a virtual clock); nothing imports tools (python -m
+# entry points).
 LOW = {"algorithms", "faults", "databus"}
 ALLOWED: dict[str, set[str]] = {
     "algorithms": set(),
@@ -46,6 +47,8 @@ ALLOWED: dict[str, set[str]] = {
     "train": {"config", "colocate", "async_engine", "base"},
     "tools": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "colocate", "base",
               "async_engine", "databus", "rewards"},
+    # the planner (relax-gym plan): async_engine's scheduling pieces and the in-process bus on a virtual clock
+    "plan": {"async_engine", "databus", "config", "rollout"},
 }
 # relax_gym packages outside the trainer each unit may use (only the episode-running and driving units meet envs)
 ENVS_USERS = {"rollout", "run", "colocate", "async_engine", "tools", "base", "rewards"}

@@ -8,5 +8,6 @@
   ``policy/``: model, processor, tokenizer, MoE routing; ``algorithms/``: advantages, losses, KL;
 - ``engines/``: inference only; ``dcs/``: every weight push; ``databus/``: the data bus (async only);
 - ``async_engine/``: the async controller, its scheduling pieces and its Ray Serve ``roles/``;
-- ``faults/``: fault schedule and hooks; ``tools/``: ``python -m`` checks and benches (nothing imports them).
+- ``faults/``: fault schedule and hooks; ``tools/``: ``python -m`` checks and benches (nothing imports them);
+- ``plan/``: the async scheduling code on a virtual clock with simulated roles (``relax-gym plan``).
 """
