@@ -3,9 +3,14 @@
 An actor process (this one) pushes a random policy of ~140 MiB (``--quick``: ~55 MiB) to an embedded engine in a
 child process with :class:`~relax_gym.trainer.dcs.DCSClient`, once per path:
 
-- ``tcp``: gloo broadcast, pipelined (the actor flattens bucket i+1 while bucket i is on the wire) and staged (the
-  engine receives every bucket while it keeps generating, then is paused only to swap them in);
-- ``tcp (unstaged)``: the same broadcast with the engine paused for every bucket (what an SGLang engine gets);
+- ``tcp (socket wire)``: what ``tcp`` picks for the embedded engine (it advertises the ``socket`` backend): a plain
+  TCP stream, the actor ``sendmsg``-ing each call's tensors from their own memory and the engine ``recv_into``-ing
+  them straight into its staging buffers, every call announced in one request; staged (the engine receives every
+  bucket while it keeps generating, then is paused only to swap them in); ``tcp (socket wire, 2 streams)``: the
+  same with each call's bytes cut in two ranges moved over two streams in parallel;
+- ``tcp (gloo)``: the same staged push over a gloo group's broadcast, pipelined (the actor flattens bucket i+1 while
+  bucket i is on the wire) -- what ``tcp`` was before the socket wire;
+- ``tcp (gloo, unstaged)``: the gloo broadcast with the engine paused for every bucket (what an SGLang engine gets);
 - ``disk``: safetensors shards written to a temporary directory, then ``/update_weights_from_disk``.
 
 Each push is the whole sequence an RL step pays (stage, pause, load, flush, continue, version check). The first two
@@ -13,12 +18,13 @@ pushes per path are warm-ups, not counted: the first forms the process group, an
 sets of buffers once (they then take turns, push after push). After the pushes the engine's weights are checked
 bit for bit (SHA-256 per tensor) against the actor's.
 
-The floor is a raw socket: the same number of bytes sent over loopback TCP to another process that reads them
-into a preallocated buffer and acknowledges. ``vs floor`` is a push's bandwidth over the floor's: what the
-protocol, the engine's handling and the HTTP round trips cost. The measurement runs ``rounds`` times (3); in each
-round every path times ``repeats`` pushes right after ``repeats`` floor transfers, and ``vs floor`` is the median
-of the rounds' ratios (each ratio is taken over a few seconds, so load that comes and goes on a shared machine
-moves both of its sides alike). ``paused_s`` is how long the engine did not generate per push (pause call to
+The floor is a raw socket: the same number of bytes sent over loopback TCP (one stream) to another process that
+reads them into a preallocated buffer and acknowledges. ``vs floor`` is a push's bandwidth over the floor's: what
+the protocol, the engine's handling and the HTTP round trips cost (the 2-stream row can move bytes faster than the
+one-stream floor). The measurement runs
+``rounds`` times (3); in each round every path times ``repeats`` pushes, each right after one floor transfer (one
+receiver process serves every transfer), and ``vs floor`` is the median of the rounds' ratios (median floor over
+median push; interleaving the two sides puts load that comes and goes on a shared machine on both alike). ``paused_s`` is how long the engine did not generate per push (pause call to
 resume), the cost a push puts on rollouts.
 
 Run: ``python benchmarks/weight_sync.py [--quick] [--repeats 3] [--rounds 3] [--bucket-mb 64]``;
@@ -38,64 +44,82 @@ from typing import Any
 
 MIB = 1 << 20
 
-# The floor's receiver: connect, then per round read exactly N bytes into one buffer and answer one byte.
+# The floor's receiver: connect, then per transfer read exactly N bytes into one buffer and answer one byte, until
+# the sender closes between transfers.
 _RECEIVER = """
 import socket, sys
-port, size, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+port, size = int(sys.argv[1]), int(sys.argv[2])
 buf = bytearray(size)
 view = memoryview(buf)
 with socket.create_connection(("127.0.0.1", port)) as s:
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for _ in range(rounds):
+    while True:
         got = 0
         while got < size:
             n = s.recv_into(view[got:], size - got)
             if not n:
-                sys.exit("sender closed early")
+                sys.exit(0 if got == 0 else "sender closed mid-transfer")
             got += n
         s.sendall(b"k")
 """
 
 
+class LoopbackFloor:
+    """The floor: ``payload`` moved over loopback TCP to another process that reads it into a preallocated buffer
+    and acknowledges. :meth:`transfer` times one transfer; the receiver lives until :meth:`close`."""
+
+    def __init__(self, payload: memoryview) -> None:
+        self.payload = payload
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            self._child = subprocess.Popen([sys.executable, "-c", _RECEIVER, str(server.getsockname()[1]),
+                                            str(len(payload))])
+            server.settimeout(60)
+            self._conn, _ = server.accept()
+        self._conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def transfer(self) -> float:
+        t0 = time.perf_counter()
+        self._conn.sendall(self.payload)
+        if self._conn.recv(1) != b"k":
+            raise RuntimeError("the floor's receiver did not acknowledge")
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self._conn.close()
+        if self._child.wait(30) != 0:
+            raise RuntimeError(f"the floor's receiver failed (exit code {self._child.returncode})")
+
+
 def loopback_floor(payload: memoryview, rounds: int) -> list[float]:
-    """Seconds per round to move ``payload`` to another process over loopback TCP and hear it arrived."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(1)
-        port = server.getsockname()[1]
-        child = subprocess.Popen([sys.executable, "-c", _RECEIVER, str(port), str(len(payload)), str(rounds)])
-        try:
-            conn, _ = server.accept()
-            with conn:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                times = []
-                for _ in range(rounds):
-                    t0 = time.perf_counter()
-                    conn.sendall(payload)
-                    if conn.recv(1) != b"k":
-                        raise RuntimeError("the floor's receiver did not acknowledge")
-                    times.append(time.perf_counter() - t0)
-        finally:
-            if child.wait(30) != 0:
-                raise RuntimeError(f"the floor's receiver failed (exit code {child.returncode})")
-    return times
+    """Seconds per transfer of ``rounds`` transfers of ``payload`` to another process (see :class:`LoopbackFloor`)."""
+    floor = LoopbackFloor(payload)
+    try:
+        return [floor.transfer() for _ in range(rounds)]
+    finally:
+        floor.close()
 
 
-PATHS = {"tcp": ("tcp", None), "tcp_unstaged": ("tcp", False), "disk": ("disk", None)}  # key: (transport, staged)
-LABELS = {"tcp": "DCS tcp", "tcp_unstaged": "DCS tcp (unstaged)", "disk": "DCS disk"}
+# key: (transport, staged, wire, streams per engine: None for the transport's default)
+PATHS = {"tcp": ("tcp", None, None, None), "tcp_2streams": ("tcp", None, "socket", 2), "tcp_gloo": ("tcp", None, "gloo", None),
+         "tcp_unstaged": ("tcp", False, "gloo", None), "disk": ("disk", None, None, None)}
+LABELS = {"tcp": "DCS tcp (socket wire)", "tcp_2streams": "DCS tcp (socket wire, 2 streams)", "tcp_gloo": "DCS tcp (gloo)",
+          "tcp_unstaged": "DCS tcp (gloo, unstaged)", "disk": "DCS disk"}
 WARMUP = 2
 
 
 def run(quick: bool = False, *, repeats: int | None = None, rounds: int = 3, bucket_mb: float = 64.0) -> dict[str, Any]:
     """Measure and return ``{"model_mib", "bytes", "bucket_mb", "repeats", "rounds", "floor": {...}, "tcp": {...},
-    "tcp_unstaged": {...}, "disk": {...}}``. Each entry has ``seconds`` (median), ``mib_per_s`` and, for the
-    paths, ``vs_floor`` (median of the rounds' ratios), ``vs_floor_rounds``, ``paused_s`` (median seconds the
-    engine was paused per push), ``buckets``, ``phases`` (median seconds per step) and ``verified``
-    (bit-identical weights after the pushes)."""
+    "tcp_2streams": {...}, "tcp_gloo": {...}, "tcp_unstaged": {...}, "disk": {...}}``. Each entry has ``seconds``
+    (median), ``mib_per_s`` and, for the paths, ``vs_floor`` (median of the rounds' ratios), ``vs_floor_rounds``,
+    ``paused_s`` (median seconds the engine was paused per push), ``buckets``, ``phases`` (median seconds per step)
+    and ``verified`` (bit-identical weights after the pushes)."""
     from relax_gym.trainer.dcs import DCSClient, DCSCoordinator, WeightMetadata, checkpoint_names
+    from relax_gym.trainer.dcs.group import GroupReceiver, flatten_tensors, tensor_digest
+    from relax_gym.trainer.dcs.transports import TcpTransport
     from relax_gym.trainer.engines.client import EngineClient
     from relax_gym.trainer.engines.process import spawn_engine
-    from relax_gym.trainer.dcs.group import GroupReceiver, flatten_tensors, tensor_digest
     from relax_gym.trainer.policy.model import PolicyConfig, build_policy
 
     repeats = repeats or (2 if quick else 3)
@@ -108,8 +132,10 @@ def run(quick: bool = False, *, repeats: int | None = None, rounds: int = 3, buc
         names = checkpoint_names(model)
         state = model.state_dict()
         coordinators = {key: DCSCoordinator([engine.url], bucket_mb=bucket_mb, transport=transport)
-                        for key, (transport, _) in PATHS.items()}
-        clients = {key: DCSClient(coordinators[key], names=names, staged=staged) for key, (_, staged) in PATHS.items()}
+                        for key, (transport, _, _, _) in PATHS.items()}
+        clients = {key: DCSClient(coordinators[key], names=names, staged=staged, wire=wire) if streams is None else
+                   DCSClient(coordinators[key], names=names, transport=TcpTransport(staged=staged, wire=wire, streams=streams))
+                   for key, (_, staged, wire, streams) in PATHS.items()}
         timed: dict[str, list[Any]] = {key: [] for key in PATHS}
         ratios: dict[str, list[float]] = {key: [] for key in PATHS}
         floors: list[float] = []
@@ -117,19 +143,30 @@ def run(quick: bool = False, *, repeats: int | None = None, rounds: int = 3, buc
         sent = _perturbed(state, 0)  # what a push sends (perturbed copies: tied tensors no longer share storage)
         by_name = {names.get(k, k): t for k, t in sent.items()}
         payload = flatten_tensors([by_name[n] for n in WeightMetadata.from_state_dict(sent, names).names]).numpy()
-        for r in range(rounds):
-            for key, dcs in clients.items():
-                floor = statistics.median(loopback_floor(memoryview(payload), repeats))  # right before: same load
-                floors.append(floor)
-                pushes = (WARMUP if r == 0 else 0) + repeats
-                reports = [dcs.push(_perturbed(state, k), version=f"{key}-{r}-{k}") for k in range(pushes)]
-                timed[key].extend(reports[-repeats:])
-                ratios[key].append(floor / statistics.median(rep.seconds for rep in reports[-repeats:]))
-                meta = coordinators[key].weights
-                pushed = {names.get(k, k): t for k, t in _perturbed(state, pushes - 1).items()}
-                with EngineClient(engine.url) as client:
-                    remote = client.weights_checksum(meta.names)
-                verified[key] &= all(remote[n] == tensor_digest(pushed[n]) for n in meta.names)
+        floor_link = LoopbackFloor(memoryview(payload))
+        try:
+            for r in range(rounds):
+                for key, dcs in clients.items():
+                    warmup = WARMUP if r == 0 else 0
+                    for k in range(warmup):
+                        dcs.push(_perturbed(state, k), version=f"{key}-{r}-warm{k}")
+                    # each push right after a floor transfer: load that comes and goes hits both sides alike
+                    round_floors, reports = [], []
+                    for k in range(warmup, warmup + repeats):
+                        sent = _perturbed(state, k)
+                        round_floors.append(floor_link.transfer())
+                        reports.append(dcs.push(sent, version=f"{key}-{r}-{k}"))
+                    floor = statistics.median(round_floors)
+                    floors.append(floor)
+                    timed[key].extend(reports)
+                    ratios[key].append(floor / statistics.median(rep.seconds for rep in reports))
+                    meta = coordinators[key].weights
+                    pushed = {names.get(n, n): t for n, t in _perturbed(state, warmup + repeats - 1).items()}
+                    with EngineClient(engine.url) as client:
+                        remote = client.weights_checksum(meta.names)
+                    verified[key] &= all(remote[n] == tensor_digest(pushed[n]) for n in meta.names)
+        finally:
+            floor_link.close()
         if payload.nbytes != coordinators["tcp"].weights.nbytes:
             raise RuntimeError(f"the floor moved {payload.nbytes} bytes, a push {coordinators['tcp'].weights.nbytes}")
         nbytes = coordinators["tcp"].weights.nbytes

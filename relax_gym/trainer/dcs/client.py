@@ -67,14 +67,15 @@ class DCSClient:
     methods. ``transport``: a name (default: the coordinator's) or a :class:`Transport`. ``names``: state_dict
     key → the name engines load (:func:`~relax_gym.trainer.dcs.names.checkpoint_names`); ``bucket_mb``
     overrides the coordinator's bucket size; ``flatten`` / ``master_address`` / ``disk_dir`` configure the
-    transport, and ``staged`` whether ``tcp`` / ``nccl`` engines receive while they generate (None: those that
-    advertise it; see :mod:`~relax_gym.trainer.dcs.transports`)."""
+    transport, ``staged`` whether ``tcp`` / ``nccl`` engines receive while they generate (None: those that
+    advertise it) and ``wire`` what ``tcp``'s bytes travel over (``"socket"`` / ``"gloo"``; None: the socket
+    stream where every engine takes it); see :mod:`~relax_gym.trainer.dcs.transports`."""
 
     def __init__(self, coordinator: DCSCoordinator | Any, *, transport: str | Transport | None = None,
                  names: Mapping[str, str] | Callable[[str], str] | None = None, bucket_mb: float | None = None,
                  pause_mode: str = "retract", flatten: bool | None = None, master_address: str | None = None,
                  disk_dir: str | None = None, timeout_s: float = 300.0, group_timeout_s: float = 120.0,
-                 staged: bool | None = None) -> None:
+                 staged: bool | None = None, wire: str | None = None) -> None:
         self.coordinator = coordinator
         self.names = names
         self.bucket_mb = bucket_mb
@@ -85,7 +86,7 @@ class DCSClient:
         else:
             name = transport or self.coordinator.push_plan().transport
             self.transport = make_transport(name, disk_dir=disk_dir, flatten=flatten, master_address=master_address,
-                                            group_timeout_s=group_timeout_s, staged=staged)
+                                            group_timeout_s=group_timeout_s, staged=staged, wire=wire)
         self._links: dict[str, EngineLink] = {}
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dcs")
         self._pool_size = 8
@@ -216,10 +217,10 @@ class DCSClient:
 
     def _size_pool(self, engines: int) -> None:
         """Every engine's call of a broadcast must run at once (each waits for the others), and a staged push
-        keeps two calls open per engine: two threads each."""
-        if 2 * engines + 2 > self._pool_size:
+        keeps up to three calls open per engine: three threads each."""
+        if 3 * engines + 2 > self._pool_size:
             self._pool.shutdown(wait=False)
-            self._pool_size = 2 * engines + 2
+            self._pool_size = 3 * engines + 2
             self._pool = ThreadPoolExecutor(max_workers=self._pool_size, thread_name_prefix="dcs")
 
     def _sync_links(self, engines: Sequence[EngineInfo]) -> list[EngineLink]:
@@ -232,7 +233,14 @@ class DCSClient:
         return [self._links[e.url] for e in engines]
 
     def _each(self, links: Sequence[EngineLink], fn: Callable[[EngineLink], Any]) -> dict[str, BaseException]:
-        """Run ``fn`` on every link in parallel; the failures by URL (in link order)."""
+        """Run ``fn`` on every link in parallel (one link: in this thread, sparing two thread hand-overs per call);
+        the failures by URL (in link order)."""
+        if len(links) == 1:
+            try:
+                fn(links[0])
+            except Exception as exc:  # noqa: BLE001 - returned, as a future would hold it
+                return {links[0].url: exc}
+            return {}
         futures = [(link, self._pool.submit(fn, link)) for link in links]
         errors: dict[str, BaseException] = {}
         for link, future in futures:

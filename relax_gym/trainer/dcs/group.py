@@ -23,7 +23,8 @@ Trainer side, against an engine that serves SGLang's protocol (``client``: anyth
     push_weights_distributed(client, group, model.state_dict(), weight_version="7")
     client.destroy_weights_update_group(); group.destroy()
 
-Engine side: :class:`GroupReceiver` is what an engine joins and receives with. The embedded engine does not import
+Engine side: :class:`GroupReceiver` is what an engine joins and receives with (a gloo / nccl group, or the
+``tcp`` transport's plain socket stream, :mod:`~relax_gym.trainer.dcs.wire`, with ``backend="socket"``). The embedded engine does not import
 this package; whoever composes engine and DCS hands it one (``start_engine(..., weight_receiver=GroupReceiver())``,
 ``EmbeddedEngine(..., weight_receiver=...)``); without one the engine refuses ``/init_weights_update_group``.
 """
@@ -39,6 +40,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from relax_gym.trainer.dcs.wire import SOCKET, SocketEnd, byte_view
 
 __all__ = [
     "BACKENDS", "FLATTENED_BUCKET", "GroupReceiver", "WeightUpdateGroup", "check_backend", "dtype_from_name", "dtype_name",
@@ -226,14 +229,17 @@ def tensor_digest(tensor: torch.Tensor) -> str:
 class GroupReceiver:
     """The engine's end of weight-update groups, injected into an engine by whoever composes engine and DCS.
 
-    ``join`` builds this engine's :class:`WeightUpdateGroup` (``ValueError`` / ``RuntimeError`` when it cannot);
-    ``receive`` takes one ``update_weights_from_distributed`` call's tensors off a group: one broadcast per tensor,
-    or with ``load_format="flattened_bucket"`` one broadcast into a ``uint8`` buffer kept per group and reused
-    (touching fresh memory for every bucket costs more than the copy itself). Callers serialise receives per
-    group. Picklable (it holds no state until it joins), so it can be handed to an engine in a child process."""
+    ``join`` builds this engine's :class:`WeightUpdateGroup` (``ValueError`` / ``RuntimeError`` when it cannot), or
+    with ``backend="socket"`` (ours) connects a :class:`~relax_gym.trainer.dcs.wire.SocketEnd` to the actor's
+    weight stream; ``receive`` takes one ``update_weights_from_distributed`` call's tensors off a group: one
+    broadcast per tensor, or with ``load_format="flattened_bucket"`` one broadcast into a ``uint8`` buffer kept per
+    group and reused (touching fresh memory for every bucket costs more than the copy itself); off a socket the
+    bytes are read straight into the same buffers. Callers serialise receives per group. Picklable (it holds no
+    state until it joins), so it can be handed to an engine in a child process."""
 
     load_formats = (FLATTENED_BUCKET,)
-    receives_into = True  # receive(..., out=buffer): staged pushes keep each bucket in a buffer of their own
+    backends = ("gloo", "nccl", SOCKET)  # what join takes (nccl where the engine's model is on CUDA)
+    receives_into = True  # receive(..., out=buffer, stage=...): staged pushes keep each bucket in a buffer of their own
 
     def __init__(self) -> None:
         self._buffers: dict[int, torch.Tensor] = {}
@@ -245,28 +251,74 @@ class GroupReceiver:
         self._buffers = {}
 
     def join(self, master_address: str, master_port: int, rank: int, world_size: int, *, group_name: str,
-             backend: str, timeout_s: float, device: torch.device | str | None = None) -> WeightUpdateGroup:
+             backend: str, timeout_s: float, device: torch.device | str | None = None) -> WeightUpdateGroup | SocketEnd:
+        if backend == SOCKET:
+            return SocketEnd.connect(master_address, master_port, rank, group_name=group_name, timeout_s=timeout_s)
         return WeightUpdateGroup(master_address, master_port, rank, world_size, group_name=group_name,
                                  backend=backend, timeout_s=timeout_s, device=device if backend == "nccl" else None)
 
-    def receive(self, group: WeightUpdateGroup, dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
-                load_format: str | None = None, *, out: torch.Tensor | None = None) -> list[torch.Tensor]:
+    def receive(self, group: WeightUpdateGroup | SocketEnd, dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
+                load_format: str | None = None, *, out: torch.Tensor | None = None,
+                stage: tuple[str, int] | None = None) -> list[torch.Tensor]:
         """The announced tensors, received from rank 0. ``ValueError`` for an unknown dtype (nothing received).
         ``out``: with ``flattened_bucket``, the ``uint8`` buffer (on the group's device, at least the bucket's
-        size) to receive into instead of the group's reused one, so the tensors outlive the next receive."""
-        torch_dtypes = [dtype_from_name(d) for d in dtypes]
-        dims = [tuple(int(s) for s in shape) for shape in shapes]
-        if load_format == FLATTENED_BUCKET:
-            total = sum(torch.Size(d).numel() * torch.empty((), dtype=t).element_size() for t, d in zip(torch_dtypes, dims))
-            if out is not None and (out.dtype != torch.uint8 or out.numel() < total or out.device != group.device):
-                raise ValueError(f"out must be a uint8 tensor of at least {total} bytes on {group.device}")
-            flat = out[:total] if out is not None else self._buffer(group, total)
-            group.broadcast(flat, src=0)
-            return unflatten_tensors(flat, torch_dtypes, dims)
-        return [group.broadcast(torch.empty(dim, dtype=dtype, device=group.device), src=0)
-                for dtype, dim in zip(torch_dtypes, dims)]
+        size) to receive into instead of the group's reused one, so the tensors outlive the next receive.
+        ``stage``: the staged push (``stage_id``, ``seq``) the call belongs to, checked against a socket stream's
+        header (a gloo broadcast carries none)."""
+        stage_id, seq = stage if stage is not None else (None, 0)
+        return self.receive_calls(group, [(dtypes, shapes, out)], load_format, stage_id=stage_id, first_seq=seq)[0]
 
-    def leave(self, group: WeightUpdateGroup) -> None:
+    def receive_calls(self, group: WeightUpdateGroup | SocketEnd,
+                      calls: Sequence[tuple[Sequence[str], Sequence[Sequence[int]], torch.Tensor | None]],
+                      load_format: str | None = None, *, stage_id: str | None = None,
+                      first_seq: int = 0) -> list[list[torch.Tensor]]:
+        """Several calls at once, each ``(dtypes, shapes, out)`` as :meth:`receive` takes them (calls
+        ``first_seq``, ``first_seq + 1``, ... of ``stage_id``): off a socket stream back to back with no hand-over
+        between calls (every call of a staged push in one request), off a process group one after the other.
+        ``ValueError`` for an unknown dtype or an ``out`` that does not fit (nothing received)."""
+        flattened = load_format == FLATTENED_BUCKET
+        specs = []
+        for dtypes, shapes, out in calls:
+            torch_dtypes = [dtype_from_name(d) for d in dtypes]
+            dims = [tuple(int(s) for s in shape) for shape in shapes]
+            if flattened:
+                total = sum(torch.Size(d).numel() * torch.empty((), dtype=t).element_size() for t, d in zip(torch_dtypes, dims))
+                if out is not None and (out.dtype != torch.uint8 or out.numel() < total or out.device != group.device):
+                    raise ValueError(f"out must be a uint8 tensor of at least {total} bytes on {group.device}")
+                specs.append((torch_dtypes, dims, out[:total] if out is not None else None, total))
+            else:
+                specs.append((torch_dtypes, dims, None, 0))
+        if len(specs) > 1 and flattened and any(flat is None for _, _, flat, _ in specs):
+            raise ValueError("receiving several flattened calls at once needs an out buffer for each")
+        if not isinstance(group, SocketEnd):
+            return [self._receive_one(group, dtypes, dims, flattened, flat, total)
+                    for dtypes, dims, flat, total in specs]
+        results: list[list[torch.Tensor]] = []
+        wire: list[tuple[list[memoryview], int]] = []
+        for dtypes, dims, flat, total in specs:
+            if flattened:
+                flat = flat if flat is not None else group.buffer(total)
+                results.append([flat])
+                wire.append(([byte_view(flat)], len(dims)))
+            else:
+                tensors = [torch.empty(dim, dtype=dtype, device=group.device) for dtype, dim in zip(dtypes, dims)]
+                results.append(tensors)
+                wire.append(([byte_view(t) for t in tensors], len(tensors)))
+        group.receive_calls(wire, stage_id=stage_id, first_seq=first_seq)
+        if flattened:
+            return [unflatten_tensors(got[0], dtypes, dims) for got, (dtypes, dims, _, _) in zip(results, specs)]
+        return results
+
+    def _receive_one(self, group: WeightUpdateGroup, dtypes: Sequence[torch.dtype], dims: Sequence[tuple[int, ...]],
+                     flattened: bool, flat: torch.Tensor | None, total: int) -> list[torch.Tensor]:
+        if flattened:
+            flat = flat if flat is not None else self._buffer(group, total)
+            group.broadcast(flat, src=0)
+            return unflatten_tensors(flat, dtypes, dims)
+        return [group.broadcast(torch.empty(dim, dtype=dtype, device=group.device), src=0)
+                for dtype, dim in zip(dtypes, dims)]
+
+    def leave(self, group: WeightUpdateGroup | SocketEnd) -> None:
         self._buffers.pop(id(group), None)
         group.destroy()
 

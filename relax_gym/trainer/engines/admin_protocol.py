@@ -87,6 +87,30 @@ class UpdateWeightsFromDistributedReqInput(_Req):
         return self
 
 
+class StagedCallSpec(_Req):
+    """One call of :class:`StageWeightsReqInput`: the tensors it carries, in order."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+
+    @model_validator(mode="after")
+    def _lengths(self) -> StagedCallSpec:
+        if not len(self.names) == len(self.dtypes) == len(self.shapes):
+            raise ValueError(f"names, dtypes and shapes need the same length, got {len(self.names)}, {len(self.dtypes)}, {len(self.shapes)}")
+        return self
+
+
+class StageWeightsReqInput(_Req):
+    """Ours (``/stage_weights_from_distributed``): every call of staged push ``stage_id`` in one request, received
+    off ``group_name`` in order (calls ``0 .. len(calls) - 1``); answered once the last one is in."""
+
+    group_name: str = DEFAULT_GROUP_NAME
+    stage_id: str = Field(min_length=1, max_length=128)
+    calls: list[StagedCallSpec] = Field(min_length=1)
+    load_format: str | None = None
+
+
 class ApplyStagedWeightsReqInput(_Req):
     """Ours: apply the ``calls`` staged calls of ``stage_id`` and take ``weight_version``."""
 

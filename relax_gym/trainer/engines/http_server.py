@@ -24,6 +24,9 @@ Endpoints (request bodies: :mod:`~relax_gym.trainer.engines.protocol`; responses
 ``/init_weights_update_group``              POST    ``{"success", "message"}``
 ``/update_weights_from_distributed``        POST    ``{"success", "message"}`` (ours: with ``stage_id`` / ``seq``
                                                     the tensors are staged, the model left alone)
+``/stage_weights_from_distributed``         POST    ours: ``{"group_name", "stage_id", "load_format", "calls": [{"names",
+                                                    "dtypes", "shapes"}, ...]}`` → ``{"success", "message"}`` once
+                                                    every call is staged (one request for a whole push)
 ``/apply_staged_weights``                   POST    ours: ``{"stage_id", "calls", "weight_version"}`` →
                                                     ``{"success", "message"}`` (the staged push goes live)
 ``/discard_staged_weights``                 POST    ours: ``{"stage_id"}`` → ``{"success", "message"}``
@@ -81,6 +84,7 @@ from relax_gym.trainer.engines.admin_protocol import (
     FlushCacheReqInput,
     InitWeightsUpdateGroupReqInput,
     PauseGenerationReqInput,
+    StageWeightsReqInput,
     UpdateWeightFromDiskReqInput,
     UpdateWeightsFromDistributedReqInput,
     UpdateWeightsFromTensorReqInput,
@@ -280,6 +284,7 @@ class EngineServer(_HTTPService):
             "/update_weights_from_tensor": (("POST",), self._update_from_tensor),
             "/init_weights_update_group": (("POST",), self._init_group),
             "/update_weights_from_distributed": (("POST",), self._update_from_distributed),
+            "/stage_weights_from_distributed": (("POST",), self._stage_weights),
             "/apply_staged_weights": (("POST",), self._apply_staged),
             "/discard_staged_weights": (("POST",), self._discard_staged),
             "/destroy_weights_update_group": (("POST",), self._destroy_group),
@@ -367,6 +372,12 @@ class EngineServer(_HTTPService):
             req.names, req.dtypes, req.shapes, group_name=req.group_name, weight_version=req.weight_version,
             abort_all_requests=req.abort_all_requests, load_format=req.load_format), req.weight_version)
 
+    def _stage_weights(self, body: Any) -> _Response:
+        req = self._parse(StageWeightsReqInput, body)
+        return self._weights(lambda: self.engine.stage_weights(
+            [(c.names, c.dtypes, c.shapes) for c in req.calls], group_name=req.group_name, stage_id=req.stage_id,
+            load_format=req.load_format))
+
     def _apply_staged(self, body: Any) -> _Response:
         req = self._parse(ApplyStagedWeightsReqInput, body)
         return self._weights(lambda: self.engine.apply_staged_weights(req.stage_id, req.calls, req.weight_version),
@@ -401,7 +412,8 @@ class EngineServer(_HTTPService):
             "batch_window_s": self.engine.batch_window_s, "weight_version": self.engine.weight_version,
             "stats": self.engine.stats(), "weight_update_load_formats": list(getattr(self.engine, "weight_update_load_formats", ())),
             "weight_update_staging": bool(getattr(self.engine, "weight_update_staging", False)),
-            "weight_update_backends": ["gloo", "nccl"] if str(getattr(self.engine, "device", "cpu")).startswith("cuda") else ["gloo"],
+            "weight_update_backends": list(getattr(self.engine, "weight_update_backends", None) or (
+                ["gloo", "nccl"] if str(getattr(self.engine, "device", "cpu")).startswith("cuda") else ["gloo"])),
         })
 
     def _weights_checksum(self, body: Any) -> _Response:

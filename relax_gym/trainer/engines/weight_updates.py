@@ -3,7 +3,9 @@
 **Weights.** :meth:`load_state_dict` (named tensors), :meth:`update_from_disk` (a ``save_policy`` /
 ``save_pretrained`` directory or a ``.safetensors`` file; never pickles) and the distributed path
 (:meth:`init_weights_update_group`, :meth:`update_weights_from_distributed`: gloo, or nccl with the model on
-CUDA; one broadcast per tensor or SGLang's ``flattened_bucket`` format, one broadcast per call). The group
+CUDA; one broadcast per tensor or SGLang's ``flattened_bucket`` format, one broadcast per call; or, ours, the
+``socket`` backend when the receiver offers it: the DCS's plain TCP stream, read straight into the buffers the
+tensors end up in, :attr:`weight_update_backends`). The group
 itself is the DCS's code: the engine joins and receives through the ``weight_receiver`` it was given
 (the DCS's ``GroupReceiver``, handed in by whoever composes engine and DCS); an engine
 without one refuses distributed updates.
@@ -21,7 +23,8 @@ name → state_dict key, built by :meth:`WeightUpdates._build_name_map`), ``_mod
 and ``abort_all()``.
 
 **Staged pushes** (our extension, :mod:`~relax_gym.trainer.engines.weight_staging`):
-:meth:`stage_weights_from_distributed` receives a push's buckets while batches keep running,
+:meth:`stage_weights_from_distributed` receives a push's buckets while batches keep running (one request per call,
+or :meth:`stage_weights` for all of them in one),
 :meth:`apply_staged_weights` swaps them in (the engine paused for that alone), :meth:`discard_staged_weights`
 drops a push that failed half way.
 """
@@ -122,11 +125,13 @@ class WeightUpdates:
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   group_name: str = DEFAULT_GROUP_NAME, backend: str = "gloo") -> str:
         """Join the trainer's weight-update group as rank ``rank_offset`` (blocks until all ranks meet).
-        ``backend``: ``"gloo"``, or ``"nccl"`` when the model is on a CUDA device (tensors arrive on it)."""
+        ``backend``: ``"gloo"``, ``"nccl"`` when the model is on a CUDA device (tensors arrive on it), or another of
+        :attr:`weight_update_backends` (``"socket"``: connect to the DCS's weight stream at ``master_address:
+        master_port``). Groups whose other end is gone (a stream the actor closed) are left first."""
         if backend == "nccl" and self._device.type != "cuda":
             raise EngineRequestError(f"backend 'nccl' needs the model on a CUDA device; this engine runs on "
                                      f"{self._device} (use 'gloo')")
-        if backend not in ("gloo", "nccl"):
+        if backend not in ("gloo", "nccl", *self.weight_update_backends):
             raise EngineRequestError(f"backend {backend!r} is not available in the embedded engine; use 'gloo' "
                                      "(or 'nccl' with the model on CUDA)")
         if self.weight_receiver is None:
@@ -136,6 +141,12 @@ class WeightUpdates:
             if group_name in self._groups:
                 raise EngineRequestError(f"weight update group {group_name!r} already exists (destroy it first)")
             self._group_locks.setdefault(group_name, threading.Lock())
+            # groups whose other end is gone (a socket stream the actor closed or whose actor died) are left here
+            gone = [(n, g) for n, g in self._groups.items() if not getattr(g, "alive", True)]
+            for name, _ in gone:
+                del self._groups[name]
+        for _, stale in gone:
+            self.weight_receiver.leave(stale)
         try:
             group = self.weight_receiver.join(master_address, master_port, rank_offset, world_size,
                                               group_name=group_name, backend=backend, timeout_s=self.dist_timeout_s,
@@ -183,16 +194,7 @@ class WeightUpdates:
         name is wrong (the group stays in step); the error is raised after, and the stage is then failed."""
         if not len(names) == len(dtypes) == len(shapes):
             raise EngineRequestError("names, dtypes and shapes need the same length")
-        if load_format not in (None, "auto", *self.weight_update_load_formats):
-            raise EngineRequestError(f"load_format={load_format!r} is not supported for distributed updates "
-                                     f"(null for one broadcast per tensor, or {FLATTENED_BUCKET!r})")
-        if not self.weight_update_staging:
-            raise EngineRequestError("this engine's weight receiver cannot stage updates (use update_weights_from_distributed)")
-        with self._groups_lock:
-            group = self._groups.get(group_name)
-            lock = self._group_locks.get(group_name)
-        if group is None or lock is None:
-            raise EngineRequestError(f"no weight update group {group_name!r} (call init_weights_update_group first)")
+        group, lock = self._staging_group(group_name, load_format)
         staging = self._staging
         staging.wait_turn(stage_id, seq)
         try:
@@ -205,7 +207,8 @@ class WeightUpdates:
             try:
                 if flattened:
                     buffer = staging.buffer(_nbytes(dtypes, shapes), group.device)
-                tensors = self.weight_receiver.receive(group, dtypes, shapes, FLATTENED_BUCKET if flattened else None, out=buffer)
+                tensors = self.weight_receiver.receive(group, dtypes, shapes, FLATTENED_BUCKET if flattened else None,
+                                                       out=buffer, stage=(stage_id, seq))
             except Exception as exc:
                 staging.fail(stage_id, f"receiving call {seq}: {exc}", buffer)
                 if isinstance(exc, ValueError):
@@ -217,6 +220,77 @@ class WeightUpdates:
         by_name = dict(zip(names, tensors))
         staging.add(stage_id, seq, StagedCall([key for _, key in plan], [by_name[name] for name, _ in plan], buffer))
         return f"Staged {len(plan)} tensors as call {seq} of weight stage {stage_id!r}."
+
+    def stage_weights(self, calls: Sequence[tuple[Sequence[str], Sequence[str], Sequence[Sequence[int]]]],
+                      group_name: str = DEFAULT_GROUP_NAME, *, stage_id: str, load_format: str | None = None) -> str:
+        """Every call of staged push ``stage_id`` in one request (``calls``: ``(names, dtypes, shapes)`` each, in
+        ``seq`` order, starting a new stage), received as :meth:`stage_weights_from_distributed` receives one but
+        all at once: with a receiver that has ``receive_calls`` (the DCS's, over its socket streams) every call's
+        staging buffer is taken first and the bytes then arrive back to back, with no request, answer or thread
+        hand-over between calls. As there, everything announced is received even when a name is wrong (the
+        stream stays in step); the error is raised after, and the stage is then failed."""
+        for names, dtypes, shapes in calls:
+            if not len(names) == len(dtypes) == len(shapes):
+                raise EngineRequestError("names, dtypes and shapes need the same length")
+        receive_calls = getattr(self.weight_receiver, "receive_calls", None)
+        if receive_calls is None:  # a receiver without it: one call after the other
+            for seq, (names, dtypes, shapes) in enumerate(calls):
+                self.stage_weights_from_distributed(names, dtypes, shapes, group_name, stage_id=stage_id, seq=seq,
+                                                    load_format=load_format)
+            return f"Staged {sum(len(c[0]) for c in calls)} tensors in {len(calls)} call(s) of weight stage {stage_id!r}."
+        group, lock = self._staging_group(group_name, load_format)
+        staging = self._staging
+        staging.wait_turn(stage_id, 0)
+        plans, refused = [], None
+        for names, _, shapes in calls:
+            try:
+                plans.append(self._plan([(n, tuple(s)) for n, s in zip(names, shapes)]))
+            except EngineRequestError as exc:
+                plans.append([])
+                refused = refused or exc
+        flattened = load_format == FLATTENED_BUCKET
+        buffers: list[torch.Tensor | None] = []
+        try:
+            with lock:  # one receive per group at a time
+                if flattened:
+                    buffers = [staging.buffer(_nbytes(dtypes, shapes), group.device) for _, dtypes, shapes in calls]
+                received = receive_calls(group, [(dtypes, shapes, buffers[k] if flattened else None)
+                                                 for k, (_, dtypes, shapes) in enumerate(calls)],
+                                         FLATTENED_BUCKET if flattened else None, stage_id=stage_id, first_seq=0)
+        except Exception as exc:
+            self._fail_stage(stage_id, f"receiving calls 0..{len(calls) - 1}: {exc}", buffers)
+            if isinstance(exc, ValueError):
+                raise EngineRequestError(f"dtypes: {exc}") from None
+            raise
+        if refused is not None:
+            self._fail_stage(stage_id, f"a call was refused: {refused}", buffers)
+            raise refused
+        for seq, ((names, _, _), plan, tensors) in enumerate(zip(calls, plans, received)):
+            by_name = dict(zip(names, tensors))
+            staging.add(stage_id, seq, StagedCall([key for _, key in plan], [by_name[name] for name, _ in plan],
+                                                  buffers[seq] if flattened else None))
+        return f"Staged {sum(len(p) for p in plans)} tensors in {len(calls)} call(s) of weight stage {stage_id!r}."
+
+    def _staging_group(self, group_name: str, load_format: str | None) -> tuple[object, threading.Lock]:
+        """The group a staged call reads from, and its lock; :class:`EngineRequestError` when it cannot be staged."""
+        if load_format not in (None, "auto", *self.weight_update_load_formats):
+            raise EngineRequestError(f"load_format={load_format!r} is not supported for distributed updates "
+                                     f"(null for one broadcast per tensor, or {FLATTENED_BUCKET!r})")
+        if not self.weight_update_staging:
+            raise EngineRequestError("this engine's weight receiver cannot stage updates (use update_weights_from_distributed)")
+        with self._groups_lock:
+            group = self._groups.get(group_name)
+            lock = self._group_locks.get(group_name)
+        if group is None or lock is None:
+            raise EngineRequestError(f"no weight update group {group_name!r} (call init_weights_update_group first)")
+        return group, lock
+
+    def _fail_stage(self, stage_id: str, reason: str, buffers: Sequence[torch.Tensor | None]) -> None:
+        """Fail ``stage_id`` and hand ``buffers`` back to the staging area's spares."""
+        self._staging.fail(stage_id, reason, None)
+        for buffer in buffers:
+            if buffer is not None:
+                self._staging.fail(stage_id, reason, buffer)
 
     def apply_staged_weights(self, stage_id: str, calls: int, weight_version: str | None = None) -> str:
         """Put the ``calls`` received calls of ``stage_id`` into the model at once (between batches, under the
@@ -249,6 +323,15 @@ class WeightUpdates:
         """Whether distributed updates can be staged (:meth:`stage_weights_from_distributed`): the receiver can
         receive into buffers it is given."""
         return bool(getattr(self.weight_receiver, "receives_into", False))
+
+    @property
+    def weight_update_backends(self) -> tuple[str, ...]:
+        """What ``/init_weights_update_group`` takes as ``backend``: ``gloo``, ``nccl`` with the model on CUDA, and
+        what else the receiver joins (the DCS's ``GroupReceiver``: ``socket``, a plain TCP stream the bytes are
+        read from straight into the staging buffers)."""
+        base = ("gloo", "nccl") if self._device.type == "cuda" else ("gloo",)
+        extra = getattr(self.weight_receiver, "backends", ()) if self.weight_receiver is not None else ()
+        return base + tuple(b for b in extra if b not in ("gloo", "nccl"))
 
     @property
     def weight_update_load_formats(self) -> tuple[str, ...]:
