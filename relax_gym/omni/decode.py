@@ -91,7 +91,8 @@ def decode_video(source: Path | bytes, spec: VideoSampling, *, name: str | None 
             with av.open(_as_file(source), mode="r") as container:
                 stream, native_fps, duration, start, end, targets = _probe(container, spec, label)
                 try:
-                    picked = _pick_frames_seeking(container, stream, targets, start, spec.max_pixels)
+                    picked = _pick_frames_seeking(container, stream, targets, start, spec.max_pixels,
+                                                  reopen=lambda: _reopen(source))
                 except (av.FFmpegError, ValueError, IndexError):  # the sequential decoder gives the verdict
                     picked = None
         if picked is None:
@@ -158,11 +159,11 @@ def _start_at(container, stream, start: float) -> None:
         container.seek(int(start / stream.time_base), stream=stream, backward=True, any_frame=False)
 
 
-def _pick_frames_seeking(container, stream, targets: np.ndarray, start: float, max_pixels: int):
+def _pick_frames_seeking(container, stream, targets: np.ndarray, start: float, max_pixels: int, *, reopen=None):
     """The sequential decoder's picks, decoded by the plan of :mod:`relax_gym.omni.seek` (seeking to the groups of
-    pictures that hold them, or one run from the start when they are denser than the keyframes); None where no
-    exact plan can be made or the stream did not behave as planned: the caller then decodes sequentially, from a
-    freshly opened container."""
+    pictures that hold them, or one run from the start when they are denser than the keyframes; with ``reopen``,
+    which opens the file again, the runs are shared among threads); None where no exact plan can be made or the
+    stream did not behave as planned: the caller then decodes sequentially, from a freshly opened container."""
     _start_at(container, stream, start)
     index = _seek.scan_packets(container, stream)
     if index is None:
@@ -170,14 +171,31 @@ def _pick_frames_seeking(container, stream, targets: np.ndarray, start: float, m
     plan = _seek.plan_seek(index, targets, _frame_interval(stream))
     if plan is None:
         return None
-    size: list[tuple[int, int]] = []
+    # Every kept frame has the stream's size (decode_planned checks it), which the sequential decoder sizes all by.
+    width, height = fit_pixels(stream.codec_context.width, stream.codec_context.height, max_pixels)
 
     def convert(frame) -> np.ndarray:
-        if not size:
-            size.append(fit_pixels(frame.width, frame.height, max_pixels))
-        return frame.to_ndarray(format="rgb24", width=size[0][0], height=size[0][1])
+        return _to_rgb(frame, width, height)
 
-    return _seek.decode_planned(container, stream, index, plan, convert)
+    return _seek.decode_planned(container, stream, index, plan, convert, reopen=reopen)
+
+
+def _reopen(source: Path | bytes):
+    """The file opened once more and its first video stream (a seek-decoding helper thread's own)."""
+    container = av.open(_as_file(source), mode="r")
+    try:
+        return container, container.streams.video[0]
+    except BaseException:
+        container.close()
+        raise
+
+
+def _to_rgb(frame, width: int, height: int) -> np.ndarray:
+    """A decoded frame as RGB (H, W, 3) at the given size, through libswscale on this thread: PyAV's default
+    (``threads=0``) gives every conversion a scaler of its own with a pool of threads started and joined for one
+    small picture, which costs more than the conversion itself (and waits for those threads to be scheduled on a
+    busy machine). One thread gives the same pixels."""
+    return frame.to_ndarray(format="rgb24", width=width, height=height, threads=1)
 
 
 def _pick_frames_linear(container, stream, targets: np.ndarray, start: float, max_pixels: int, label: str):
@@ -202,7 +220,7 @@ def _pick_frames_linear(container, stream, targets: np.ndarray, start: float, ma
         picked = None
         while j < len(targets) and (targets[j] < t + dt * 0.5005 if dt else targets[j] <= t):
             if picked is None:
-                picked = frame.to_ndarray(format="rgb24", width=size[0], height=size[1])
+                picked = _to_rgb(frame, size[0], size[1])
             frames.append(picked)
             stamps.append(t)
             j += 1

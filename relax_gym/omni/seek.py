@@ -8,28 +8,40 @@ rule of the sequential decoder (:func:`relax_gym.omni.decode._pick_frames_linear
 the keyframe that starts its group of pictures and decoding forward from there (:func:`decode_planned`). Picks
 that lie close together share one run of decoding instead of seeking again.
 
+A run decodes only what its picks need: frames that nobody picked and nobody refers to are skipped, and after the
+run's last needed packet the decoder is drained rather than fed further packets to push out the pictures it holds
+back for B-frame reordering. Runs are independent of each other, so they are shared among threads (one per core
+at most, in the whole process: :data:`decode_threads`), each with its own container and a single-threaded decoder:
+frame threads would restart their pipeline at every seek, which short runs cannot pay back. A plan of one long run
+decodes with frame threads instead.
+
 Exactness comes before speed: the result must equal the sequential decoder's, frame for frame. So the plan is made
 only where the timestamps can be trusted (every packet has a distinct pts, the stream starts on a keyframe, no
 open-GOP leading pictures), and the decoding checks itself: a seek that lands after the keyframe it asked for, a
 planned frame that does not come out of the decoder, or a change of frame size makes :func:`decode_planned` give
-up (answer None), and the caller decodes sequentially instead. Where the picks are denser than the keyframes,
-seeking saves little and :attr:`SeekPlan.worth_it` says so; the caller then decodes sequentially as well.
+up (answer None), and the caller decodes sequentially instead. Where the picks are denser than the keyframes, one
+run from the start covers them all (:attr:`SeekPlan.mode` is then "linear").
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import logging
+import os
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import av
 import numpy as np
 
 log = logging.getLogger(__name__)
 
-# What one seek costs, in frames decoded: the demuxer repositions and the decoder's frame threads refill their
-# pipeline. A gap of fewer frames than this between two picks is decoded through rather than skipped.
+# What starting a run costs, in frames decoded: the demuxer repositions and the decoder starts over. A gap of fewer
+# frames than this between the end of one run and the next pick's keyframe is decoded through rather than skipped.
 SEEK_COST_FRAMES = 6
 # Decoders whose "NONREF" skipping drops exactly the frames no other frame refers to. Frames nobody picked and
 # nobody refers to are skipped while decoding towards a pick (in H.264 from x264 that is about half the frames).
@@ -169,54 +181,196 @@ def plan_seek(index: PacketIndex, targets: np.ndarray, dt: float) -> SeekPlan | 
 
 
 def decode_planned(container, stream, index: PacketIndex, plan: SeekPlan,
-                   convert: Callable[[object], np.ndarray]) -> tuple[list[np.ndarray], list[float]] | None:
+                   convert: Callable[[object], np.ndarray], *,
+                   reopen: Callable[[], tuple[object, object]] | None = None) -> tuple[list[np.ndarray], list[float]] | None:
     """Run ``plan``: seek to each run's keyframe, decode forward, ``convert`` the planned frames (a decoded
-    ``av.VideoFrame`` to an array). Returns the frames and their times in target order, or None as soon as the
-    stream does not behave as planned (the caller then decodes sequentially)."""
-    # The sequential decoder sizes every frame as the first it decodes: every kept frame must have the stream's size.
-    size = (stream.codec_context.width, stream.codec_context.height)
+    ``av.VideoFrame`` to an array; it may be called from several threads at once). Returns the frames and their
+    times in target order, or None as soon as the stream does not behave as planned (the caller then decodes
+    sequentially).
+
+    With ``reopen`` (opens the same file again and returns its container and video stream) and more than one run,
+    the runs are shared among up to one decoding thread per core (this caller's and helper threads, each with its
+    own container, within :data:`decode_threads`): runs are independent, and PyAV decodes without the GIL. Each
+    thread's decoder then runs single-threaded, as it also does where no helper is free. A plan whose longest run
+    is more than half of the work (one run from the start, say) cannot be shared out evenly: it is decoded on this
+    thread alone, with frame threads."""
+    runs = sorted(plan.runs, key=lambda r: r.frames, reverse=True)  # longest first: the threads finish together
+    threaded = 2 * runs[0].frames > sum(r.frames for r in runs)
+    wanted = len(runs) - 1 if reopen is not None and not threaded else 0
+    helpers = decode_threads.enter(wanted)
+    try:
+        work = collections.deque(runs)
+        kept: dict[int, tuple[np.ndarray, float]] = {}
+        stop = threading.Event()
+        futures = []
+        for _ in range(helpers):
+            try:
+                futures.append(_helper_pool().submit(_helper, reopen, index, work, convert, kept, stop))
+            except RuntimeError:  # the interpreter is shutting down: this thread decodes every run
+                break
+        try:
+            ok = _decode_runs(container, stream, index, work, convert, kept, stop, threaded=threaded)
+        except BaseException:
+            stop.set()
+            raise
+        finally:
+            helper_ok = [f.result() for f in futures]  # the helpers' frames are all in ``kept`` once they return
+        if not ok or not all(helper_ok) or stop.is_set():
+            return None
+    finally:
+        decode_threads.leave(helpers)
+    return [kept[p][0] for p in plan.target_pts], [kept[p][1] for p in plan.target_pts]
+
+
+class DecodeThreads:
+    """How many threads decode runs of seek plans at once, in the whole process, callers included: at most
+    ``limit`` (the cores this process may use). A caller always decodes (it counts itself) and is given helper
+    threads only while the total stays within the limit, so concurrent decodes (a decode pool's threads, async
+    env workers) never multiply their threads beyond the cores."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.busy = 0
+        self._lock = threading.Lock()
+
+    def enter(self, wanted: int) -> int:
+        """Count the caller; returns how many helper threads (<= ``wanted``) it may use, counted too."""
+        with self._lock:
+            self.busy += 1
+            extra = max(0, min(wanted, self.limit - self.busy))
+            self.busy += extra
+            return extra
+
+    def leave(self, helpers: int) -> None:
+        with self._lock:
+            self.busy -= 1 + helpers
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+decode_threads = DecodeThreads(_cores())
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _helper_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=max(1, decode_threads.limit - 1), thread_name_prefix="seek-decode")
+        return _pool
+
+
+def _after_fork() -> None:
+    """A forked child has none of its parent's threads: a pool whose threads it never started would queue helpers
+    forever, and the parent's decodes under way would count against the child's budget."""
+    global _pool, _pool_lock, decode_threads
+    _pool, _pool_lock, decode_threads = None, threading.Lock(), DecodeThreads(_cores())
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _helper(reopen, index, work, convert, kept, stop) -> bool:
+    """A helper thread: open the file again and decode runs from the shared queue until it is empty. A file that
+    does not open again leaves its runs to the caller; a run that does not go as planned fails the plan."""
+    if not work or stop.is_set():
+        return True
+    try:
+        container, stream = reopen()
+    except Exception as exc:  # noqa: BLE001 - the caller decodes every run itself then
+        log.debug("seek plan: a helper cannot reopen the file: %s", exc)
+        return True
+    try:
+        return _decode_runs(container, stream, index, work, convert, kept, stop, threaded=False)
+    except Exception as exc:  # noqa: BLE001 - an error here is the plan failing: the caller decodes sequentially
+        log.debug("seek plan: a helper failed: %s: %s", type(exc).__name__, exc)
+        stop.set()
+        return False
+    finally:
+        container.close()
+
+
+def _decode_runs(container, stream, index: PacketIndex, work: collections.deque, convert, kept: dict, stop: threading.Event,
+                 *, threaded: bool) -> bool:
+    """Take runs from ``work`` and decode them on ``stream`` until none is left (True) or one does not go as
+    planned (False; ``stop`` is set so that the other threads stop too)."""
     ctx = stream.codec_context
+    if not ctx.is_open:  # nothing decoded on it yet: choose its threads
+        ctx.thread_type = "AUTO" if threaded else "SLICE"
+        ctx.thread_count = 0 if threaded else 1
+    # The sequential decoder sizes every frame as the first it decodes: every kept frame must have the stream's size.
+    size = (ctx.width, ctx.height)
     skip = ctx.name in SKIP_NONREF_CODECS
     try:
-        return _decode_runs(container, stream, index, plan, convert, size, ctx, skip)
+        while not stop.is_set():
+            try:
+                run = work.popleft()
+            except IndexError:
+                return True
+            got = _decode_run(container, stream, index, run, convert, size, skip)
+            if got is None:
+                stop.set()
+                return False
+            kept.update(got)
+        return False
     finally:
         ctx.skip_frame = "DEFAULT"
 
 
-def _decode_runs(container, stream, index, plan, convert, size, ctx, skip):
+def _decode_run(container, stream, index: PacketIndex, run: Run, convert, size, skip: bool) -> dict | None:
+    packets = _seek_to(container, stream, index, run.keyframe)
+    if packets is None:
+        return None
     kept: dict[int, tuple[np.ndarray, float]] = {}
-    for run in plan.runs:
-        packets = _seek_to(container, stream, index, run.keyframe)
-        if packets is None:
+    wanted = iter(run.picks)
+    want = next(wanted)
+    opened = False
+    for frame in _run_frames(stream, packets, index, run, skip):
+        if not opened:  # a container may flag packets as keyframes that the bitstream does not start over at
+            if not frame.key_frame:
+                return None
+            opened = True
+        if frame.pts is None or frame.pts < want:
+            continue
+        if frame.pts != want:  # the planned frame did not come out of the decoder
+            log.debug("seek plan: expected pts %d, the decoder gave %d", want, frame.pts)
             return None
-        wanted = iter(run.picks)
-        want = next(wanted)
-        picks = set(run.picks)
-        opened = False
-        for packet in packets:
-            if skip:
-                ctx.skip_frame = "DEFAULT" if packet.pts in picks else "NONREF"
-            for frame in packet.decode():
-                if not opened:  # a container may flag packets as keyframes that the bitstream does not start over at
-                    if not frame.key_frame:
-                        return None
-                    opened = True
-                if frame.pts is None or frame.pts < want:
-                    continue
-                if frame.pts != want:  # the planned frame did not come out of the decoder
-                    log.debug("seek plan: expected pts %d, the decoder gave %d", want, frame.pts)
-                    return None
-                if (frame.width, frame.height) != size:
-                    return None
-                kept[want] = (convert(frame), float(frame.time))
-                want = next(wanted, None)
-                if want is None:
-                    break
-            if want is None:
-                break
-        if want is not None:  # the stream ended first
+        if (frame.width, frame.height) != size:
             return None
-    return [kept[p][0] for p in plan.target_pts], [kept[p][1] for p in plan.target_pts]
+        kept[want] = (convert(frame), float(frame.time))
+        want = next(wanted, None)
+        if want is None:
+            return kept
+    return None  # the stream ended first
+
+
+def _run_frames(stream, packets: Iterator, index: PacketIndex, run: Run, skip: bool) -> Iterator:
+    """The frames of one run in presentation order: its packets up to the last one it needs (frames nobody picked
+    and nobody refers to skipped), then a drain of the decoder, which hands out the frames it still holds back for
+    reordering without decoding any packet past the run (feeding it more until the last pick comes out would decode
+    up to two more reference frames)."""
+    ctx = stream.codec_context
+    picks = set(run.picks)
+    for packet in packets:
+        if skip:
+            ctx.skip_frame = "DEFAULT" if packet.pts in picks else "NONREF"
+        yield from ctx.decode(packet)
+        if packet.size == 0:  # the demuxer's end-of-stream packet has drained the decoder already
+            return
+        if index.position.get(packet.pts, -1) >= run.last:
+            break
+    else:
+        return
+    drain = av.Packet()
+    drain.time_base = stream.time_base  # the frames' time base, as the packets give it
+    yield from ctx.decode(drain)
 
 
 def _seek_to(container, stream, index: PacketIndex, key: int) -> Iterator | None:

@@ -8,6 +8,12 @@ an audio track, other containers (mkv, avi) and codecs (MPEG-4 part 2), all-intr
 
 from __future__ import annotations
 
+import os
+import select
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
 
@@ -110,26 +116,35 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: write_clip(root / f"{name}{suffix[kw.get('fmt', 'mp4')]}", **kw) for name, kw in CLIPS.items()}
 
 
-def _seeking(path: Path, spec: VideoSampling):
-    """The seek path alone (None where it declines), as decode_video runs it."""
+def _seeking(path: Path, spec: VideoSampling, *, threads: bool = False):
+    """The seek path alone (None where it declines), as decode_video runs it; ``threads``: with helper threads
+    (each reopening the file) sharing the runs, as decode_video does where the cores allow."""
     with av.open(str(path)) as container:
         stream, _, _, start, _, targets = dec._probe(container, spec, str(path))
-        return dec._pick_frames_seeking(container, stream, targets, start, spec.max_pixels)
+        reopen = (lambda: dec._reopen(path)) if threads else None
+        return dec._pick_frames_seeking(container, stream, targets, start, spec.max_pixels, reopen=reopen)
+
+
+@pytest.fixture
+def three_threads(monkeypatch):
+    """Room for a caller and two helper threads, however many cores this machine has."""
+    monkeypatch.setattr(seek, "decode_threads", seek.DecodeThreads(3))
 
 
 @pytest.mark.parametrize("clip", sorted(CLIPS))
 @pytest.mark.parametrize("spec", sorted(SPECS))
-def test_seek_path_gives_the_sequential_frames_and_timestamps(clips, clip, spec):
+def test_seek_path_gives_the_sequential_frames_and_timestamps(clips, clip, spec, three_threads):
     sampling = SPECS[spec]
     reference = dec.decode_video(clips[clip], sampling, seek=False)
-    seeking = _seeking(clips[clip], sampling)
-    if clip in MUST_DECLINE:
-        assert seeking is None
-    else:
-        assert seeking is not None, "the seek path declined a clip with trustworthy timestamps"
-        frames, stamps = seeking
-        assert np.array_equal(np.stack(frames), reference.frames)
-        assert np.array_equal(np.asarray(stamps, dtype=np.float64), reference.timestamps)
+    for threads in (False, True):  # one thread decoding every run, and helper threads sharing them
+        seeking = _seeking(clips[clip], sampling, threads=threads)
+        if clip in MUST_DECLINE:
+            assert seeking is None
+        else:
+            assert seeking is not None, "the seek path declined a clip with trustworthy timestamps"
+            frames, stamps = seeking
+            assert np.array_equal(np.stack(frames), reference.frames)
+            assert np.array_equal(np.asarray(stamps, dtype=np.float64), reference.timestamps)
     auto = dec.decode_video(clips[clip], sampling)
     assert np.array_equal(auto.frames, reference.frames) and np.array_equal(auto.timestamps, reference.timestamps)
 
@@ -218,3 +233,139 @@ def test_a_stream_that_misbehaves_midway_falls_back(clips, monkeypatch):
     assert _seeking(clips["30fps_key1s_audio"], spec) is None
     a, b = dec.decode_video(clips["30fps_key1s_audio"], spec), dec.decode_video(clips["30fps_key1s_audio"], spec, seek=False)
     assert np.array_equal(a.frames, b.frames) and np.array_equal(a.timestamps, b.timestamps)
+
+
+def test_a_stream_that_misbehaves_in_a_helper_thread_falls_back(clips, monkeypatch, three_threads):
+    """The same with helper threads: whichever thread meets the misplanned run, the plan fails as a whole."""
+    real = seek.plan_seek
+
+    def wrong(index, targets, dt):
+        plan = real(index, targets, dt)
+        runs = [seek.Run(r.keyframe, (*r.picks[:-1], r.picks[-1] + 1), r.last) for r in plan.runs]  # every run is wrong
+        return seek.SeekPlan(plan.target_pts, tuple(runs), plan.linear_frames, plan.seek_frames)
+
+    monkeypatch.setattr(seek, "plan_seek", wrong)
+    assert _seeking(clips["30fps_key1s_audio"], SPECS["nextqa"], threads=True) is None
+
+
+def test_helpers_share_the_runs(clips, monkeypatch, three_threads):
+    """With room for helpers, runs are decoded on more than one thread, each thread on its own container."""
+    seen: dict[str, set[int]] = {}
+    real = seek._decode_run
+
+    def spy(container, stream, index, run, *args):
+        seen.setdefault(threading.current_thread().name, set()).add(id(container))
+        time.sleep(0.01)  # long enough that the helper, opening its own container meanwhile, takes runs too
+        return real(container, stream, index, run, *args)
+
+    monkeypatch.setattr(seek, "_decode_run", spy)
+    spec = VideoSampling(fps=2.0, max_frames=8)  # 4 s at a keyframe a second: one run per pick
+    assert _seeking(clips["30fps_key1s_audio"], spec, threads=True) is not None
+    assert len(seen) >= 2
+    containers = [c for ids in seen.values() for c in ids]
+    assert len(containers) == len(set(containers))  # no container is shared between threads
+
+
+def test_a_file_that_does_not_reopen_leaves_the_runs_to_the_caller(clips, three_threads):
+    path = clips["30fps_key1s_audio"]
+    sampling = SPECS["nextqa"]
+
+    def broken():
+        raise av.error.FileNotFoundError(2, "gone", str(path))
+
+    with av.open(str(path)) as container:
+        stream, _, _, start, _, targets = dec._probe(container, sampling, str(path))
+        picked = dec._pick_frames_seeking(container, stream, targets, start, sampling.max_pixels, reopen=broken)
+    reference = dec.decode_video(path, sampling, seek=False)
+    assert picked is not None and np.array_equal(np.stack(picked[0]), reference.frames)
+
+
+def test_thread_budget_never_exceeds_its_limit():
+    budget = seek.DecodeThreads(3)
+    assert budget.enter(5) == 2 and budget.busy == 3  # the caller and two helpers
+    assert budget.enter(5) == 0 and budget.busy == 4  # a second caller decodes alone (it is running anyway)
+    budget.leave(0)
+    budget.leave(2)
+    assert budget.busy == 0
+    assert seek.DecodeThreads(1).enter(4) == 0  # one core: never a helper
+
+
+def test_concurrent_decodes_stay_within_the_budget(clips, monkeypatch):
+    """Decodes started from several threads at once (a decode pool's) take helpers only while the threads stay
+    within the budget's limit, and each still gives the sequential decoder's frames."""
+    budget = seek.DecodeThreads(2)
+    monkeypatch.setattr(seek, "decode_threads", budget)
+    peak = [0]
+    real = seek._decode_run
+
+    def spy(*args):
+        peak[0] = max(peak[0], budget.busy)
+        return real(*args)
+
+    monkeypatch.setattr(seek, "_decode_run", spy)
+    path, spec = clips["29.97fps_key2s"], VideoSampling(fps=2.0, max_frames=8)
+    reference = dec.decode_video(path, spec, seek=False)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: dec.decode_video(path, spec), range(8)))
+    assert all(np.array_equal(r.frames, reference.frames) for r in results)
+    assert peak[0] <= 4 + 1  # four callers at most, and one helper (granted while the total was within 2)
+    assert budget.busy == 0
+
+
+def test_a_run_decodes_no_packet_past_its_last_pick(clips):
+    """The decoder holds B-frame-reordered pictures back; a run drains it after its last needed packet instead of
+    feeding it more packets (which would decode further reference frames nobody picked)."""
+    path = clips["30fps_key1s_audio"]
+    index = _index(path)
+    plan = seek.plan_seek(index, np.array([0.45, 1.55, 2.3]), 1 / 30)
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.codec_context.thread_count = 1
+        for run in plan.runs:
+            fed = []
+            packets = seek._seek_to(container, stream, index, run.keyframe)
+            frames = list(seek._run_frames(stream, (fed.append(p) or p for p in packets), index, run, skip=True))
+            assert [index.position[p.pts] for p in fed] == list(range(run.keyframe, run.last + 1))
+            assert set(run.picks) <= {f.pts for f in frames}
+            assert all(f.time is not None for f in frames)  # drained frames keep their time base
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_decodes_with_helpers_of_its_own(clips, three_threads):
+    """A child forked after the parent used helper threads starts a pool of its own (the parent's threads do not
+    exist in it) instead of waiting forever on a helper that never runs."""
+    path, spec = clips["30fps_key1s_audio"], VideoSampling(fps=2.0, max_frames=8)
+    assert _seeking(path, spec, threads=True) is not None  # the parent's pool is started
+    reference = dec.decode_video(path, spec, seek=False)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 when it decodes the same frames with helper threads
+        code = 1
+        try:
+            seek.decode_threads = seek.DecodeThreads(3)
+            picked = _seeking(path, spec, threads=True)
+            code = 0 if picked is not None and np.array_equal(np.stack(picked[0]), reference.frames) else 2
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(code)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], 60)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        assert ready, "the forked child hung"
+        assert os.read(read, 1) == b"\x00"
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+
+
+@pytest.mark.parametrize("clip", ["30fps_key1s_audio", "mpeg4_bframes", "vfr_key15"])
+def test_conversion_on_one_thread_gives_pyav_default_pixels(clips, clip):
+    """Both decoders convert frames with libswscale on the calling thread (no scaler thread pool per picture); the
+    pixels are those of PyAV's default conversion, at every size a spec asks for (here: shrunk, odd, unchanged)."""
+    with av.open(str(clips[clip])) as container:
+        frames = [f for i, f in enumerate(container.decode(video=0)) if i % 5 == 0]
+    for frame in frames:
+        for w, h in ((W, H), (32, 24), (27, 19), dec.fit_pixels(W, H, 50)):
+            assert np.array_equal(dec._to_rgb(frame, w, h), frame.to_ndarray(format="rgb24", width=w, height=h))
