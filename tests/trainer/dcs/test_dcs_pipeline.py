@@ -15,7 +15,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 from relax_gym.trainer.dcs import (
     DCSClient,
@@ -23,35 +22,25 @@ from relax_gym.trainer.dcs import (
     DCSPushError,
     checkpoint_names,
 )
-from relax_gym.trainer.dcs.group import GroupReceiver, WeightUpdateGroup, tensor_digest
+from relax_gym.trainer.dcs.group import GroupReceiver, WeightUpdateGroup
 from relax_gym.trainer.dcs.wire import SocketWire
 from relax_gym.trainer.engines.embedded import EmbeddedEngine, EngineRequestError
-from relax_gym.trainer.engines.http_server import serve
 from relax_gym.trainer.engines.protocol import EngineRequest, SamplingParams
-from relax_gym.trainer.policy.model import PolicyConfig, build_policy
+
+from .engine_helpers import actor_policy, assert_holds, in_process_engine, shifted
 
 
 @pytest.fixture(scope="module")
 def engine():
-    model, processor = build_policy(PolicyConfig(seed=0))
-    eng = EmbeddedEngine(model, processor, max_batch=4, weight_receiver=GroupReceiver(), dist_timeout_s=10)
-    server = serve(eng, close_engine=True)
+    eng, server = in_process_engine(GroupReceiver())
     yield eng, server.url
     server.close()
 
 
+
 @pytest.fixture(scope="module")
 def actor():
-    return build_policy(PolicyConfig(seed=1))[0]
-
-
-def shifted(model, k: float) -> dict[str, torch.Tensor]:
-    return {name: t + k for name, t in model.state_dict().items()}
-
-
-def assert_holds(eng: EmbeddedEngine, state: dict[str, torch.Tensor], names: dict[str, str]) -> None:
-    local = {names[k]: tensor_digest(v) for k, v in state.items()}
-    assert eng.weights_checksum(list(local)) == local
+    return actor_policy()
 
 
 def one_token(eng: EmbeddedEngine) -> str:

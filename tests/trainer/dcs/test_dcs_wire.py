@@ -23,17 +23,33 @@ import httpx
 import pytest
 import torch
 
-from relax_gym.trainer.dcs import DCSClient, DCSCoordinator, DCSPushError, checkpoint_names
+from relax_gym.trainer.dcs import (
+    DCSClient,
+    DCSCoordinator,
+    DCSPushError,
+    checkpoint_names,
+)
 from relax_gym.trainer.dcs import wire as wire_module
 from relax_gym.trainer.dcs.errors import DCSEngineError
-from relax_gym.trainer.dcs.group import GroupReceiver, WeightUpdateGroup, flatten_tensors, tensor_digest
+from relax_gym.trainer.dcs.group import (
+    GroupReceiver,
+    WeightUpdateGroup,
+    flatten_tensors,
+)
 from relax_gym.trainer.dcs.transports import TcpTransport
-from relax_gym.trainer.dcs.wire import SocketEnd, SocketWire, WireError, byte_view, split_bytes
+from relax_gym.trainer.dcs.wire import (
+    SocketEnd,
+    SocketWire,
+    WireError,
+    byte_view,
+    split_bytes,
+)
 from relax_gym.trainer.engines.client import EngineClient
-from relax_gym.trainer.engines.embedded import EmbeddedEngine, EngineRequestError
-from relax_gym.trainer.engines.http_server import serve
+from relax_gym.trainer.engines.embedded import EngineRequestError
 from relax_gym.trainer.engines.process import spawn_engine
-from relax_gym.trainer.policy.model import PolicyConfig, build_policy
+from relax_gym.trainer.policy.model import PolicyConfig
+
+from .engine_helpers import actor_policy, assert_holds, in_process_engine, shifted
 
 BUCKET_MB = 0.25  # the tiny policy is ~2.8 MiB: about a dozen calls
 
@@ -216,12 +232,6 @@ class GlooOnly(GroupReceiver):
     backends = ("gloo", "nccl")
 
 
-def in_process_engine(receiver: GroupReceiver) -> tuple[EmbeddedEngine, object]:
-    model, processor = build_policy(PolicyConfig(seed=0))
-    eng = EmbeddedEngine(model, processor, max_batch=4, weight_receiver=receiver, dist_timeout_s=10)
-    return eng, serve(eng, close_engine=True)
-
-
 @pytest.fixture(scope="module")
 def engine():
     eng, server = in_process_engine(GroupReceiver())
@@ -231,16 +241,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def actor():
-    return build_policy(PolicyConfig(seed=1))[0]
-
-
-def shifted(model, k: float) -> dict[str, torch.Tensor]:
-    return {name: t + k for name, t in model.state_dict().items()}
-
-
-def assert_holds(eng, state: dict[str, torch.Tensor], names: dict[str, str]) -> None:
-    local = {names[k]: tensor_digest(v) for k, v in state.items()}
-    assert eng.weights_checksum(list(local)) == local
+    return actor_policy()
 
 
 @pytest.mark.parametrize("streams", [None, 2], ids=["default", "2-streams"])
