@@ -216,7 +216,6 @@ class Topology:
         """Delete this topology's Serve applications and Ray actors (the TransferQueue actors stay up); the next
         :meth:`start` uses a new prefix."""
         import ray
-        from ray import serve
 
         bus, self.bus = self.bus, None
         if bus is not None:
@@ -225,14 +224,7 @@ class Topology:
             except Exception:  # noqa: BLE001 - the bus may be gone with the topology
                 log.debug("closing the bus connection failed", exc_info=True)
         apps, self.apps = self.apps, []
-
-        def delete(app: str) -> None:
-            try:
-                serve.delete(app, _blocking=True)  # returns once its replicas are gone (their CPUs free again)
-            except Exception:  # noqa: BLE001 - best effort
-                log.debug("deleting %s failed", app, exc_info=True)
-
-        await asyncio.gather(*(asyncio.to_thread(delete, app) for app in apps))
+        await asyncio.gather(*(asyncio.to_thread(_delete_app, app) for app in apps))
         for actor in self.actors:
             try:
                 ray.kill(actor)
@@ -261,16 +253,10 @@ class Topology:
         if not ray.is_initialized():
             return
 
-        def delete(app: str) -> None:
-            try:  # blocking: the replicas' __del__ (env workers remove their sandbox containers) runs before we go on
-                serve.delete(app, _blocking=True)
-            except Exception:  # noqa: BLE001 - best effort
-                log.debug("deleting %s failed", app, exc_info=True)
-
         apps, self.apps = self.apps, []
         if apps:
             with ThreadPoolExecutor(len(apps), thread_name_prefix="relax-gym-teardown") as pool:
-                list(pool.map(delete, apps))
+                list(pool.map(_delete_app, apps))
         if self.bus is not None or self._tq_owner is not None:  # the run never got to close them
             asyncio.run(self.close_bus())
         for actor in self.actors:
@@ -278,3 +264,14 @@ class Topology:
         if shutdown_ray:
             serve.shutdown()
             ray.shutdown()
+
+
+def _delete_app(app: str) -> None:
+    """Delete a Serve application and wait until its replicas are gone: their ``__del__`` has run (env workers
+    remove their sandbox containers) and their CPUs are free again. Best effort: a failure is logged."""
+    from ray import serve
+
+    try:
+        serve.delete(app, _blocking=True)
+    except Exception:  # noqa: BLE001 - best effort
+        log.debug("deleting %s failed", app, exc_info=True)
