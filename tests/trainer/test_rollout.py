@@ -91,3 +91,45 @@ def test_media_items_cover_every_kind():
     obs, _ = env.reset(seed=0)
     items = media_data(obs)
     assert len(items["image_data"]) == 1 and len(items["audio_data"]) == 1 and "video_data" not in items
+
+
+class SlowEngine(ScriptedEngine):
+    """A scripted engine whose every answer takes ``delay_s``."""
+
+    def __init__(self, processor, texts, delay_s):
+        super().__init__(processor, texts)
+        self.delay_s = delay_s
+
+    async def generate(self, input_ids, **kwargs):
+        await asyncio.sleep(self.delay_s)
+        return await super().generate(input_ids, **kwargs)
+
+
+def test_the_episode_says_where_its_time_went(processor, monkeypatch):
+    env = relax_gym.make("image-zoom")
+    _, info = env.reset(seed=4)
+    first = info["gold"]
+    env.step(first)
+    second = env.unwrapped._gold
+    step = env.step
+    monkeypatch.setattr(env, "step", lambda action: (__import__("time").sleep(0.15), step(action))[1])
+    traj = play(env, SlowEngine(processor, [first, second], delay_s=0.1), processor, seed=4)
+    t = traj.timing
+    assert traj.turns == 2 and len(t.generate_s) == 2 and len(t.env_s) == 2
+    assert all(g >= 0.1 for g in t.generate_s) and all(e >= 0.15 for e in t.env_s)
+    assert all(g < 0.15 for g in t.generate_s)  # the env's wait is not counted as the engine's
+    assert t.reset_s > 0 and t.wall_s >= t.reset_s + sum(t.generate_s) + sum(t.env_s)
+    from relax_gym.trainer.rollout.samples import summary_dict
+    from relax_gym.trainer.run.step_row import timing_metrics
+
+    summary = summary_dict(traj, "s1")
+    assert summary["generate_s"] == pytest.approx(sum(t.generate_s)) and summary["wall_s"] == t.wall_s
+    row = timing_metrics([summary, {**summary, "wall_s": summary["wall_s"] + 1.0}])
+    assert row["episode_wall_s_max"] == pytest.approx(t.wall_s + 1.0)
+    assert row["episode_env_s_mean"] == pytest.approx(sum(t.env_s))
+
+
+def test_a_failed_engine_call_is_timed_too(processor):
+    env = relax_gym.make("nextqa-video")
+    traj = play(env, ScriptedEngine(processor, ["x"], fail_at=0), processor)
+    assert traj.status == "engine_error" and len(traj.timing.generate_s) == 1 and traj.timing.wall_s > 0

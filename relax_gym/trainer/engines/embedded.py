@@ -2,16 +2,20 @@
 
 :class:`EmbeddedEngine` is what :mod:`~relax_gym.trainer.engines.http_server` serves: a thread-safe engine core with
 
-**Dynamic batching.** ``generate`` may be called from many threads at once. Each call validates its requests and
-decodes / encodes their media *in the calling thread*, then queues them; one scheduler thread collects queued
-requests (up to ``max_batch``; the batch closes once ``batch_window_s`` passes without a new arrival, at most
-``8 * batch_window_s`` after the first), splits the batch
-into groups whose logits warpers are identical (greedy, or the same ``temperature`` / ``top_p`` / ``top_k`` /
-``min_p``), left-pads each group with the processor's ``collate`` and runs **one** ``model.generate`` per group.
-Everything else is per request inside a group: ``max_new_tokens``, stop token ids, stop strings, ``ignore_eos``,
-``skip_special_tokens``, ``no_stop_trim``, log-prob options (a per-row stopping criterion ends each row on its
-own; the call ends when every row has). This is static batching per scheduler round -- no continuous batching,
-paged KV cache or prefix cache.
+**Batching.** ``generate`` may be called from many threads at once. Each call validates its requests and
+decodes / encodes their media *in the calling thread*, then queues them; one scheduler thread runs them.
+By default (``continuous=True``, every dense model) the batch is **continuous**
+(:mod:`~relax_gym.trainer.engines.continuous`): queued requests are prefilled and join the running batch between
+two decoding steps, and a row that ends is answered and leaves at once -- on multi-turn workloads, where turns arrive
+one by one as tools return, this halved the time of an engine call (docs/benchmarks.md). An idle engine first
+gathers a wave of arrivals (up to ``max_batch``; the wave closes once ``batch_window_s`` passes without a new
+arrival, at most ``8 * batch_window_s`` after the first). With ``continuous=False`` (MoE policies, whose routing
+record is cut from one forward) each scheduler round is **static**: the wave is split into groups whose logits
+warpers are identical (greedy, or the same ``temperature`` / ``top_p`` / ``top_k`` / ``min_p``), each group is
+left-padded with the processor's ``collate`` and runs **one** ``model.generate``; a request that arrives meanwhile
+waits for the next round. In both, everything else is per request: ``max_new_tokens``, stop token ids, stop
+strings, ``ignore_eos``, ``skip_special_tokens``, ``no_stop_trim``, log-prob options. No paged KV cache or prefix
+cache across requests (identical prompts of one wave are prefilled once, see ``shared_prefill``).
 
 **Media.** A request's ``image_data`` / ``video_data`` / ``audio_data`` items (see
 :mod:`~relax_gym.trainer.engines.protocol`) are decoded through relax_gym.omni parts built from the URL and the
@@ -46,15 +50,18 @@ token / everything from the stop string on, unless ``no_stop_trim``. ``{"type": 
 requests (their tokens so far are returned).
 
 **Weights** (:class:`~relax_gym.trainer.engines.weight_updates.WeightUpdates`, which the engine mixes in):
-named tensors, safetensors checkpoints and the distributed path; applied between batches under the model lock.
+named tensors, safetensors checkpoints and the distributed path; applied between decoding steps (continuous) or
+between batches (static) under the model lock.
 
-**Pause.** :meth:`pause` stops new batches from starting: requests queue until :meth:`resume`. ``mode="abort"``
-first aborts the running batch (it stops at the next decode step; its requests finish with
-``finish_reason.type == "abort"`` and the tokens so far) and every queued request. ``"in_place"`` and
-``"retract"`` let the running batch finish -- deviation: SGLang freezes it mid-generation (keeping or dropping
-its KV cache) and resumes it after ``continue_generation``; here the batch completes on the old weights. In every
-mode ``pause`` returns once no batch runs, so weights can be swapped safely. :meth:`flush_cache` is a no-op that
-succeeds: there is no prefix / KV cache that outlives a ``model.generate`` call.
+**Pause.** :meth:`pause` stops the scheduler: requests queue until :meth:`resume`. ``mode="abort"`` first aborts
+the running rows (at the next decode step; their requests finish with ``finish_reason.type == "abort"`` and the
+tokens so far) and every queued request. Continuous batching: ``"in_place"`` and ``"retract"`` freeze the running
+rows between two steps with their KV cache, and they go on after :meth:`resume` on the new weights (SGLang's
+``in_place``; ``retract`` would recompute their cache on the new weights -- deviation: the cache is kept); each
+answer reports the version it was admitted under, the oldest that produced its tokens. Static rounds: ``in_place``
+and ``retract`` let the running batch finish on the old weights. In every mode ``pause`` returns once no step or
+batch runs, so weights can be swapped safely. :meth:`flush_cache` is a no-op that succeeds: there is no prefix
+cache shared between requests.
 """
 
 from __future__ import annotations
@@ -74,6 +81,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from relax_gym.omni.render import concat_media
 from relax_gym.trainer.engines.protocol import EngineRequest, FinishReason, GenerateReqInput, GenerateResponse, MetaInfo, SamplingParams
 from relax_gym.trainer.engines.validation import parse_request
+from relax_gym.trainer.engines.continuous import ContinuousBatch
 from relax_gym.trainer.engines.shared_prefill import plan_sharing, prefill
 from relax_gym.trainer.policy.routers import RoutingRecorder, moe_routers
 from relax_gym.trainer.policy.routing import encode_routed_experts
@@ -101,7 +109,8 @@ class EmbeddedEngine(WeightUpdates):
 
     def __init__(self, model: Any, processor: Any, *, max_batch: int = 16, batch_window_s: float = 0.005,
                  weight_version: str = "0", model_path: str | None = None, decode_cache: Any = "default",
-                 dist_timeout_s: float = 120.0, share_prefill: bool = True, weight_receiver: Any = None) -> None:
+                 dist_timeout_s: float = 120.0, share_prefill: bool = True, weight_receiver: Any = None,
+                 continuous: bool | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if batch_window_s < 0:
@@ -138,6 +147,12 @@ class EmbeddedEngine(WeightUpdates):
         self._state = model.state_dict(keep_vars=True)
         self._names = self._build_name_map()
         self.moe = bool(moe_routers(model))  # routed experts can be recorded (return_routed_experts)
+        # continuous batching (continuous.py); an MoE policy's routing record is cut from one generate's forward:
+        # those run in static rounds
+        self.continuous = (not self.moe) if continuous is None else bool(continuous)
+        if self.continuous and self.moe:
+            raise ValueError("continuous batching cannot record an MoE policy's routed experts: use continuous=False")
+        self._batch = ContinuousBatch(self) if self.continuous else None
 
         self._cv = threading.Condition()
         self._queue: deque[PendingRequest] = deque()
@@ -421,6 +436,8 @@ class EmbeddedEngine(WeightUpdates):
     def _abort_all_locked(self) -> int:
         if self._running:
             self._abort_event.set()
+        elif self._batch is not None and len(self._batch):  # between steps (the cv is held): answer them now
+            self._batch.abort(FinishReason(type="abort", message=ABORT_MESSAGE))
         n = len(self._queue)
         while self._queue:
             p = self._queue.popleft()
@@ -429,27 +446,39 @@ class EmbeddedEngine(WeightUpdates):
 
     # ------------------------------------------------------------------------------------------ scheduler
 
+    def _count(self, key: str, n: float) -> None:
+        with self._cv:
+            self._stats[key] += n
+
+    def _gather_wave_locked(self) -> bool:
+        """With the cv held and requests queued: wait until the wave of arrivals ends -- a quiet
+        ``batch_window_s`` without a new request (at most 8 windows) or ``max_batch`` queued. False when the engine
+        closed or paused meanwhile, or the queue emptied (aborted)."""
+        first = time.monotonic()
+        deadline, seen = first + self.batch_window_s, len(self._queue)
+        while len(self._queue) < self.max_batch and not self._closed and not self._paused:
+            now = time.monotonic()
+            if len(self._queue) > seen:
+                seen = len(self._queue)
+                deadline = min(now + self.batch_window_s, first + 8 * self.batch_window_s)
+            if now >= deadline:
+                break
+            self._cv.wait(deadline - now)
+        return not self._closed and not self._paused and bool(self._queue)
+
     def _loop(self) -> None:
+        if self._batch is not None:
+            self._loop_continuous(self._batch)
+            return
         while True:
             with self._cv:
                 while not self._closed and (self._paused or not self._queue):
                     self._cv.wait()
                 if self._closed:
                     return
-                # the batch closes after a quiet batch_window_s without new requests (at most 8 windows)
-                first = time.monotonic()
-                deadline, seen = first + self.batch_window_s, len(self._queue)
-                while len(self._queue) < self.max_batch and not self._closed and not self._paused:
-                    now = time.monotonic()
-                    if len(self._queue) > seen:
-                        seen = len(self._queue)
-                        deadline = min(now + self.batch_window_s, first + 8 * self.batch_window_s)
-                    if now >= deadline:
-                        break
-                    self._cv.wait(deadline - now)
-                if self._closed:
-                    return
-                if self._paused or not self._queue:
+                if not self._gather_wave_locked():
+                    if self._closed:
+                        return
                     continue
                 batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
                 self._running = True
@@ -466,6 +495,49 @@ class EmbeddedEngine(WeightUpdates):
                         p.future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
             finally:
                 with self._cv:
+                    self._running = False
+                    self._cv.notify_all()
+
+    def _loop_continuous(self, batch: ContinuousBatch) -> None:
+        """The continuous scheduler: each round admits the queued requests (room permitting) or runs one decoding
+        step of the running rows. An idle engine first waits for a wave of arrivals (the batch window)."""
+        while True:
+            with self._cv:
+                while not self._closed and (self._paused or (not self._queue and not len(batch))):
+                    self._cv.wait()
+                if self._closed:
+                    return
+                if not len(batch) and not self._gather_wave_locked():
+                    if self._closed:
+                        return
+                    continue
+                admitted = [self._queue.popleft() for _ in range(min(self.max_batch - len(batch), len(self._queue)))]
+                self._running = True
+                self._abort_event = threading.Event()
+                abort = self._abort_event
+                if admitted:
+                    self._stats["batches"] += 1
+            t0 = time.monotonic()
+            try:
+                with self._model_lock:
+                    if admitted:
+                        batch.admit(admitted, self._weight_version)
+                    else:
+                        batch.step()
+                    if abort.is_set():
+                        batch.abort(FinishReason(type="abort", message=ABORT_MESSAGE))
+            except BaseException as exc:  # noqa: BLE001 - never let the scheduler die: fail what was running
+                logger.exception("embedded engine step failed")
+                failed = [r.p for r in batch.rows] + admitted
+                batch.rows, batch.cache, batch.mask = [], None, None
+                for p in failed:
+                    if not p.future.done():
+                        p.future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+            finally:
+                with self._cv:
+                    self._stats["generate_calls"] += 1
+                    self._stats["generate_seconds"] += time.monotonic() - t0
+                    self._stats["max_batch_seen"] = max(self._stats["max_batch_seen"], len(batch))
                     self._running = False
                     self._cv.notify_all()
 

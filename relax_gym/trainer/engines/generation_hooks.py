@@ -94,7 +94,7 @@ class RowStopper(StoppingCriteria):
         self.abort = abort
         self.ends: list[int | None] = [None] * len(rows)
         self.reasons: list[FinishReason | None] = [None] * len(rows)
-        self.tails = [max((len(s) for s in p.stop_strs), default=0) + 2 for p in rows]
+        self.tails = [stop_tail(p) for p in rows]
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
         n = input_ids.shape[1] - self.prompt_len
@@ -103,22 +103,34 @@ class RowStopper(StoppingCriteria):
         for b, p in enumerate(self.rows):
             if self.ends[b] is not None:
                 continue
-            reason: FinishReason | None = None
-            if aborted:
-                reason = FinishReason(type="abort", message=ABORT_MESSAGE)
-            elif n >= p.sp.max_new_tokens:
-                reason = FinishReason(type="length", length=p.sp.max_new_tokens)
-            elif last[b] in p.stop_ids:
-                reason = FinishReason(type="stop", matched=int(last[b]))
-            elif p.stop_strs:
-                start = max(self.prompt_len, input_ids.shape[1] - self.tails[b])
-                tail = self.decode(input_ids[b, start:].tolist())
-                matched = next((s for s in p.stop_strs if s in tail), None)
-                if matched is not None:
-                    reason = FinishReason(type="stop", matched=matched)
+            start = max(self.prompt_len, input_ids.shape[1] - self.tails[b])
+            reason = row_finish(p, n, last[b], aborted, lambda b=b, start=start: self.decode(input_ids[b, start:].tolist()))
             if reason is not None:
                 self.ends[b], self.reasons[b] = n, reason
         return torch.tensor([e is not None for e in self.ends], dtype=torch.bool, device=input_ids.device)
+
+
+def row_finish(p: PendingRequest, n: int, last: int, aborted: bool, tail: Any) -> FinishReason | None:
+    """Why a request's row ends after its ``n``-th generated token ``last``, in SGLang's order (abort, length, stop
+    token, stop string), or None while it goes on. ``tail()`` decodes the last generated tokens (enough to hold
+    the longest stop string); it is called only for requests with stop strings."""
+    if aborted:
+        return FinishReason(type="abort", message=ABORT_MESSAGE)
+    if n >= p.sp.max_new_tokens:
+        return FinishReason(type="length", length=p.sp.max_new_tokens)
+    if last in p.stop_ids:
+        return FinishReason(type="stop", matched=int(last))
+    if p.stop_strs:
+        text = tail()
+        matched = next((s for s in p.stop_strs if s in text), None)
+        if matched is not None:
+            return FinishReason(type="stop", matched=matched)
+    return None
+
+
+def stop_tail(p: PendingRequest) -> int:
+    """How many generated tokens :func:`row_finish`'s ``tail`` must decode for request ``p``."""
+    return max((len(s) for s in p.stop_strs), default=0) + 2
 
 
 def finite_or_none(x: float) -> float | None:

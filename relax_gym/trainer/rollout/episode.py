@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,24 @@ async def _in_env_thread(fn, /, *args, **kwargs):
 
 
 @dataclass
+class EpisodeTiming:
+    """Where an episode's wall time went, in seconds (perf counter): ``reset_s`` (the env's reset and the first
+    render), one ``generate_s`` per engine call (queueing in the engine included) and one ``env_s`` per env step
+    (tool calls and their sandboxes, the reward), ``wall_s`` from the start of the reset to the end. Recorded in
+    the rollout records and summed into the step row (``episode_*_s``); ``relax-gym plan calibrate`` fits its cost
+    models from them."""
+
+    reset_s: float = 0.0
+    generate_s: list[float] = field(default_factory=list)
+    env_s: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"reset_s": round(self.reset_s, 6), "generate_s": [round(x, 6) for x in self.generate_s],
+                "env_s": [round(x, 6) for x in self.env_s], "wall_s": round(self.wall_s, 6)}
+
+
+@dataclass
 class Trajectory:
     group_id: int
     seed: int
@@ -60,6 +79,7 @@ class Trajectory:
     routed_experts: torch.Tensor | None = None
     # every message of the episode, the policy's replies included, as far as it got (rollout records: run/rollout_records.py)
     conversation: list[Message] = field(default_factory=list)
+    timing: EpisodeTiming = field(default_factory=EpisodeTiming)
 
     @property
     def trainable(self) -> bool:
@@ -73,9 +93,21 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
     ``routing``: ``(MoE layers, top_k)`` of an MoE policy: every turn asks for the routed experts and the
     trajectory keeps them (``routed_experts``)."""
     traj = Trajectory(group_id=group_id, seed=seed)
+    start = time.perf_counter()
+    try:
+        return await _play(traj, env, client, processor, seed=seed, sampling_params=sampling_params, options=options,
+                           max_turns=max_turns, routing=routing)
+    finally:
+        traj.timing.wall_s = time.perf_counter() - start
+
+
+async def _play(traj: Trajectory, env, client, processor, *, seed: int, sampling_params: dict[str, Any],
+                options: dict[str, Any] | None, max_turns: int | None, routing: tuple[int, int] | None) -> Trajectory:
+    timing = traj.timing
     if routing is not None:
         traj.routed_experts = empty_routing(*routing)
     extra = {"return_routed_experts": True} if routing is not None else {}
+    t0 = time.perf_counter()
     try:
         obs, info = await _in_env_thread(env.reset, seed=seed, options=options)
     except Exception as exc:  # a broken record or media file: this episode is lost, the step goes on
@@ -86,9 +118,12 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
         rendered = render(conversation, processor)
     except Exception as exc:
         return _failed(traj, "env_error", exc)
+    finally:
+        timing.reset_s = time.perf_counter() - t0
     logprobs = [0.0] * len(rendered.input_ids)
     done = False
     while not done:
+        t0 = time.perf_counter()
         try:
             out = await client.generate(rendered.input_ids, sampling_params=sampling_params, return_logprob=True,
                                         **extra, **media_data(conversation))
@@ -102,6 +137,8 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
                 traj.routed_experts = merge_turn(traj.routed_experts, turn)
         except Exception as exc:
             return _failed(traj, "engine_error", exc, rendered, logprobs)
+        finally:
+            timing.generate_s.append(time.perf_counter() - t0)
         traj.turns += 1
         traj.completion_tokens += len(out.output_ids)
         traj.weight_version = out.weight_version
@@ -109,12 +146,15 @@ async def run_episode(env, client, processor, *, seed: int, group_id: int, sampl
             traj.weight_versions.append(str(out.weight_version))
         action = processor.decode(out.output_ids, skip_special_tokens=True)
         traj.conversation.append(Message("assistant", action))
+        t0 = time.perf_counter()
         try:
             obs, reward, terminated, truncated, info = await _in_env_thread(env.step, action)
         except RubricError:  # the manifest's rubric asks for what the env never gives: a configuration error, raised
             raise
         except Exception as exc:
             return _failed(traj, "env_error", exc, rendered, logprobs)
+        finally:
+            timing.env_s.append(time.perf_counter() - t0)
         traj.reward += float(reward)
         if info.get("reward_breakdown"):
             traj.reward_breakdown = dict(info["reward_breakdown"])

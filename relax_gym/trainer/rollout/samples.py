@@ -96,6 +96,11 @@ class EpisodeSummary:
     judge_failures: int = 0  # of which failed (timeout, engine error, malformed answer): the episode is a judge_error
     judge_agrees: int = -1  # 1/0: the judge's verdict matched the env's own rule verdict (-1: the env has none)
     judge_failure: str = ""  # why the judge failed this episode: timeout, engine_error or malformed ("" : it did not)
+    # where its wall time went (rollout/episode.py EpisodeTiming): engine calls, env steps (tools), reset, in all
+    generate_s: float = 0.0
+    env_s: float = 0.0
+    reset_s: float = 0.0
+    wall_s: float = 0.0
 
     @property
     def failed(self) -> bool:
@@ -116,6 +121,8 @@ def summary_of(traj: Trajectory, sid: str, versions: Sequence[int]) -> EpisodeSu
         judge_calls=int(traj.info.get("judge_calls", 0) or 0), judge_failures=int(traj.info.get("judge_failures", 0) or 0),
         judge_agrees=int(traj.info.get("judge_agrees", -1)),
         judge_failure=str(traj.info.get("judge_failure", "")),
+        generate_s=float(sum(traj.timing.generate_s)), env_s=float(sum(traj.timing.env_s)),
+        reset_s=float(traj.timing.reset_s), wall_s=float(traj.timing.wall_s),
     )
 
 

@@ -6,7 +6,8 @@ train episodes (in seed order, so whole groups: the members of a group share a p
 sampled, which is what the advantages compare). One line per episode (:func:`episode_record`): the conversation
 with roles, the assistant's ``<tool_call>`` blocks parsed (:mod:`relax_gym.omni.tool_calls`) and set apart from its
 text, the media as links into ``RUN_DIR/media/``, and the episode's reward, breakdown, status, error, policy
-versions, staleness, token counts, turns, seed and group.
+versions, staleness, token counts, turns, seed and group, and its ``timing`` (seconds: the reset, each engine call,
+each env step, the whole episode; ``relax-gym plan calibrate`` fits per-turn costs from them).
 
 Media are stored once (:class:`MediaStore`), keyed by the source's content hash and the sampling spec (the same
 clip watched over two spans is two files; the same picture shown to every member of a group is one): video as the
@@ -278,6 +279,7 @@ def episode_record(traj: Any, conversation: Iterable[Message] | None = None, *, 
         "prompt_tokens": max(0, len(traj.input_ids) - completion), "completion_tokens": completion, "turns": int(traj.turns),
         "tool_calls": len(calls), "tool_errors": sum(1 for c in calls if "error" in c),
         "tools": sorted({c["name"] for c in calls if "name" in c}),
+        **({"timing": timing.as_dict()} if (timing := getattr(traj, "timing", None)) is not None else {}),
         "messages": messages,
     }
 

@@ -21,8 +21,22 @@ import numpy as np
 
 from relax_gym.trainer.rollout.episode import MASKED_STATUSES
 
-__all__ = ["EVAL_FIELDS", "RewardComponents", "bus_bytes", "component_means", "episodes_masked", "eval_components", "eval_row",
-           "judge_metrics", "rollout_row", "summary_end", "summary_start", "tool_metrics", "warn_on_tool_crashes"]
+__all__ = [
+    "EVAL_FIELDS",
+    "RewardComponents",
+    "bus_bytes",
+    "component_means",
+    "episodes_masked",
+    "eval_components",
+    "eval_row",
+    "judge_metrics",
+    "rollout_row",
+    "summary_end",
+    "summary_start",
+    "timing_metrics",
+    "tool_metrics",
+    "warn_on_tool_crashes",
+]
 
 # The eval row's own fields; every other ``eval_*`` key is a reward component.
 EVAL_FIELDS = frozenset({"eval_reward", "eval_failed", "eval_tool_calls", "eval_policy_version"})
@@ -82,6 +96,21 @@ def rollout_row(episodes: Sequence[Episode], rollout_s: float, known: Sequence[s
     row.update(judge_metrics(episodes))
     row.update(bus_bytes(episodes))
     row.update(tool_metrics(episodes))
+    row.update(timing_metrics(episodes))
+    return row
+
+
+def timing_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Where the step's episodes spent their wall time (summaries' ``generate_s`` / ``env_s`` / ``reset_s`` /
+    ``wall_s``, see :class:`~relax_gym.trainer.rollout.episode.EpisodeTiming`): ``episode_<part>_s_mean`` over the
+    episodes that ran, and ``episode_wall_s_max`` (the straggler). Empty when no episode reports a wall time (an
+    env worker that failed every attempt)."""
+    timed = [e for e in episodes if float(e.get("wall_s", 0.0) or 0.0) > 0.0]
+    if not timed:
+        return {}
+    row = {f"episode_{part}_s_mean": _mean([float(e.get(f"{part}_s", 0.0) or 0.0) for e in timed])
+           for part in ("generate", "env", "reset", "wall")}
+    row["episode_wall_s_max"] = max(float(e["wall_s"]) for e in timed)
     return row
 
 
