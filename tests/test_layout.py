@@ -47,7 +47,7 @@ ALLOWED: dict[str, set[str]] = {
     "train": {"config", "colocate", "async_engine", "base"},
     "tools": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "colocate", "base",
               "async_engine", "databus", "rewards"},
-    # the planner (relax-gym plan): async_engine's scheduling pieces and the in-process bus on a virtual clock
+    # the planner (relax-gym plan): the async controller, its scheduling pieces and the in-process bus on a virtual clock
     "plan": {"async_engine", "databus", "config", "rollout"},
 }
 # relax_gym packages outside the trainer each unit may use (only the episode-running and driving units meet envs)

@@ -11,7 +11,7 @@ bus, and spend virtual time from the cost models (:mod:`.costs`) where the real 
   (env reset, then turns on the engines with tool waits between them), claims a carry slot through the real
   :func:`~relax_gym.trainer.async_engine.carry.claim_slot` when it has no partition, and puts the group's rows on
   the real bus with one ``put``. Rows carry what the consumers read (``group_id``, ``reward``, ``trainable``,
-  ``policy_versions``) and ``n_tokens`` in place of the token tensors.
+  ``policy_versions``) and ``tokens`` as a ``range`` of their count (the real rows and the controller's masked rows hold a list).
 - :class:`SimReference`: the reference role's streaming loop (micro-batches as rows arrive, a forward of
   ``ref_s_per_token`` per token, a ``ref_logprobs`` column written back, ack).
 - :class:`SimActor`: :meth:`~relax_gym.trainer.async_engine.roles.actor.ActorRole.train_step`'s loop: whole-group
@@ -297,7 +297,7 @@ class SimEnvWorker:
             span = self.spans.setdefault(partition, [started, started])
             span[0], span[1] = min(span[0], started), max(span[1], _now())
         rows = [{"sample_id": sid, "group_id": group, "reward": r, "trainable": True, "status": "ok",
-                 "n_tokens": d.tokens, "policy_versions": v}
+                 "tokens": range(d.tokens), "policy_versions": v}
                 for sid, d, v, r in zip(sample_ids, draws, versions, rewards, strict=True)]
         if partition is not None:
             await self.bus.put(partition, rows)
@@ -320,10 +320,10 @@ class SimReference:
     async def process(self, partition: int, n_rows: int, reference_path: str | None = None) -> dict[str, int]:
         done = forwarded = 0
         while done < n_rows:
-            batch = await self.bus.fetch(partition, self.TASK, ["n_tokens", "trainable"], self.costs.train.micro_batch_size)
+            batch = await self.bus.fetch(partition, self.TASK, ["tokens", "trainable"], self.costs.train.micro_batch_size)
             if batch is None:
                 break
-            live = [n for n, ok in zip(batch.fields["n_tokens"], batch.fields["trainable"]) if ok]
+            live = [len(n) for n, ok in zip(batch.fields["tokens"], batch.fields["trainable"]) if ok]
             if live:
                 await asyncio.sleep(sum(live) * self.costs.train.ref_s_per_token * self.factor)
                 forwarded += len(live)
@@ -337,7 +337,7 @@ class SimActor:
     """The actor role's ``train_step`` (see the module docstring); ``weights``: a :class:`SimWeights`."""
 
     TASK = "actor"
-    FIELDS: ClassVar[list[str]] = ["group_id", "trainable", "keep", "advantages", "n_tokens", "policy_versions"]
+    FIELDS: ClassVar[list[str]] = ["group_id", "trainable", "keep", "advantages", "tokens", "policy_versions"]
 
     def __init__(self, costs: Costs, bus: Any, weights: SimWeights, actor_gpus: int, log: EventLog) -> None:
         self.costs, self.bus, self.weights, self.log = costs, bus, weights, log
@@ -384,7 +384,7 @@ class SimActor:
                         stale.append(staleness(trained_version, vs))
                         versions.extend(vs)
                     if f["trainable"][i] and f["keep"][i] and f["advantages"][i] != 0:
-                        tokens += int(f["n_tokens"][i])
+                        tokens += len(f["tokens"][i])
                         live += 1
                 spent = self.compute_s(tokens)
                 self.log.add("micro_batch", step=partition, rows=len(batch.sample_ids), live=live, wait=waited)
