@@ -10,7 +10,9 @@ What a run directory gives, and what each figure becomes (``fit.report`` says wh
   and ``max_batch``; ``actor.micro_batch_size``; the inference replica count.
 - ``rollouts/step_*.jsonl`` (the train episodes' records): each episode's turns, completion tokens, other tokens
   (prompt and tool results) and the tool calls that waited (parsed ones) become ``episode.empirical`` (resampled
-  whole); they give the mean tokens of an episode the actor forwards.
+  whole); they give the mean tokens of an episode the actor forwards. Their ``timing`` (runs since episodes record
+  it): the env resets become ``episode.reset_s`` (resampled); engine-call and env-step times are reported
+  (``report["episode_timing"]``).
 - ``metrics.jsonl``: ``zero_adv_group_share`` (groups whose rewards are all equal: no gradient);
   ``time_train_s`` against the step's forwarded tokens (``samples_forwarded`` x that mean), by least squares:
   ``train.step_overhead_s + train.s_per_token * tokens`` (**fitted**); ``time_sync_s``: the push (median;
@@ -19,8 +21,8 @@ What a run directory gives, and what each figure becomes (``fit.report`` says wh
   mean (bisection on the simulator itself, every other figure fixed; **fitted**).
 
 Not in a run, hence **assumed** (an argument) or **missing** (listed): the engine's batch-size curve
-(``half_batch``), the time a tool call spends in the sandbox beyond the simulated latency and the env's own step and
-reset time (absorbed into the generation fit), per-episode wall times, the push's engine pause (the embedded engine
+(``half_batch``), the time a tool call spends in the sandbox beyond the simulated latency and the env's own step
+time (absorbed into the generation fit), the push's engine pause (the embedded engine
 stages the buckets and stops ~0.01 s), an async push's duration when calibrating on colocate, the reference role's
 forward (a colocate step's train time includes it), and contention between roles sharing CPU cores.
 """
@@ -195,9 +197,26 @@ def calibrate(run_dir: str | Path, *, half_batch: float = 4.0, pause_s: float | 
                                   f"other tokens, tool calls)"
     fitted["episode.zero_adv_group_share"] = (f"{zero:.3f}: groups whose rewards were all equal "
                                               f"({'metrics rows' if shares else 'the recorded episodes'})")
-    missing += ["per-episode wall times (records hold tokens and turns, not durations)",
-                ("sandbox time of a tool call beyond the simulated latency, the env's step and reset time (absorbed "
-                 "into the generation fit)")]
+    timed = [e["timing"] for e in records if isinstance(e.get("timing"), dict)]
+    if timed:  # records of runs since the episodes say where their time went (rollout/episode.py EpisodeTiming)
+        resets = tuple(float(x["reset_s"]) for x in timed)
+        episode = episode.model_copy(update={"reset_s": Dist(kind="empirical", samples=resets)})
+        fitted["episode.reset_s"] = (f"the {len(resets)} recorded resets, resampled (median "
+                                     f"{statistics.median(resets) * 1000:.1f} ms)")
+        calls = [float(g) for x in timed for g in x.get("generate_s", [])]
+        steps_s = [float(v) for x in timed for v in x.get("env_s", [])]
+        report_timing = {"episodes": len(timed), "engine_call_s_median": statistics.median(calls) if calls else None,
+                         "engine_call_s_mean": statistics.fmean(calls) if calls else None,
+                         "env_step_s_median": statistics.median(steps_s) if steps_s else None,
+                         "env_step_s_mean": statistics.fmean(steps_s) if steps_s else None,
+                         "episode_wall_s_mean": statistics.fmean(float(x["wall_s"]) for x in timed)}
+        missing.append("sandbox time of a tool call beyond the simulated latency and the env's own step time (the "
+                       "records time each env step, latency included; absorbed into the generation fit)")
+    else:
+        report_timing = {}
+        missing += ["per-episode wall times (the run's records predate episode timings)",
+                    ("sandbox time of a tool call beyond the simulated latency, the env's step and reset time (absorbed "
+                     "into the generation fit)")]
 
     # training
     per_episode = statistics.fmean(e[1] + e[2] for e in empirical)
@@ -258,7 +277,7 @@ def calibrate(run_dir: str | Path, *, half_batch: float = 4.0, pause_s: float | 
     costs = costs.model_copy(update={"notes": notes})
     report = {"run": str(run.path), "mode": t.mode, "steps": len(rows), "fitted": fitted, "given": given,
               "assumed": assumed, "missing": missing, "trainer": t.model_dump(mode="json"),
-              "measured": measured_figures(run)}
+              "measured": measured_figures(run), "episode_timing": report_timing}
     return Calibration(costs, report)
 
 

@@ -31,7 +31,7 @@ def _true_costs() -> Costs:
                  train=TrainCost(s_per_token=1e-3, micro_batch_size=4), sync=SyncCost(colocate_push_s=0.02))
 
 
-def _write_run(tmp: Path) -> Path:
+def _write_run(tmp: Path, timing: dict | None = None) -> Path:
     """A colocate run dir as the trainer writes it, its figures from the simulator with known costs."""
     res = simulate(_true_costs(), TRAINER)
     run = tmp / "run"
@@ -46,7 +46,8 @@ def _write_run(tmp: Path) -> Path:
     for step in range(1, TRAINER["steps"] + 1):
         records = [{"step": step, "kind": "train", "group": g, "reward": float(m), "trainable": True, "turns": SHAPE[0],
                     "completion_tokens": SHAPE[1], "prompt_tokens": SHAPE[2], "tool_calls": 2,
-                    "messages": [{"role": "assistant", "parts": [call, bad]}]} for g in range(2) for m in range(2)]
+                    "messages": [{"role": "assistant", "parts": [call, bad]}], **({"timing": timing} if timing else {})}
+                   for g in range(2) for m in range(2)]
         (run / "rollouts" / f"step_{step:06d}.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
     return run
 
@@ -62,6 +63,19 @@ def test_calibrate_recovers_the_costs_of_a_simulated_run(tmp_path):
     r = fit.report
     assert r["given"]["episode.tool_s"] and r["missing"] and "generation.half_batch" in r["assumed"]
     assert all(k.startswith(("episode", "generation", "train", "sync", "cluster")) for k in c.notes)
+
+
+def test_recorded_episode_timings_give_the_reset_and_the_call_figures(tmp_path):
+    timing = {"reset_s": 0.04, "generate_s": [0.3, 0.5], "env_s": [0.52, 0.01], "wall_s": 1.4}
+    fit = calibrate(_write_run(tmp_path, timing), half_batch=4.0)
+    assert fit.costs.episode.reset_s.kind == "empirical" and set(fit.costs.episode.reset_s.samples) == {0.04}
+    t = fit.report["episode_timing"]
+    assert t["episodes"] == 6 * 4 and t["engine_call_s_median"] == pytest.approx(0.4)
+    assert t["env_step_s_mean"] == pytest.approx(0.265) and t["episode_wall_s_mean"] == pytest.approx(1.4)
+    assert "episode.reset_s" in fit.report["fitted"]
+    assert not any("wall times" in m for m in fit.report["missing"])
+    old = calibrate(_write_run(tmp_path / "old"), half_batch=4.0)  # records from before timings: said so
+    assert old.report["episode_timing"] == {} and any("wall times" in m for m in old.report["missing"])
 
 
 def test_tool_waits_count_parsed_calls_only():
