@@ -142,14 +142,14 @@ def sweep_relax(costs: Costs, steps: int, out: Path) -> dict[str, Any]:
     return result.to_json()
 
 
-def validate_ours(seeds: int, push_s: float) -> dict[str, Any] | None:
-    if not (OURS / "colocate" / "metrics.jsonl").is_file():
-        print(f"{OURS}/colocate: no run (benchmarks/modes.py makes it); ours skipped")
+def validate_ours(seeds: int, push_s: float, ours: Path = OURS) -> dict[str, Any] | None:
+    if not (ours / "colocate" / "metrics.jsonl").is_file():
+        print(f"{ours}/colocate: no run (benchmarks/modes.py makes it); ours skipped")
         return None
-    fit = calibrate(OURS / "colocate", push_s=push_s)
+    fit = calibrate(ours / "colocate", push_s=push_s)
     rows = []
     for name in ["colocate", *OUR_ASYNC]:
-        run = load_run(OURS / name)
+        run = load_run(ours / name)
         measured = measured_figures(run)
         sph = [simulate(fit.costs, run.trainer.model_copy(update={"seed": s})).summary for s in range(seeds)]
         pred = {k: statistics.fmean(x[k] for x in sph) for k in ("steps_per_hour", "data_wait_fraction",
@@ -224,7 +224,8 @@ def markdown(ours: dict[str, Any] | None, relax: list[dict[str, Any]]) -> str:
 
 def validate(*, quick: bool = False, seeds: int | None = None, train_s: str | None = None,
              lengths: str = ",".join(LENGTHS), push_s: float = OUR_PUSH_S, skip_ours: bool = False,
-             skip_sweep: bool = False, sweep_steps: int | None = None, out: Path | None = None) -> dict[str, Any]:
+             skip_sweep: bool = False, sweep_steps: int | None = None, out: Path | None = None,
+             ours_dir: Path = OURS) -> dict[str, Any]:
     """Both validations and the sweep; writes ``out`` (default runs/plan-validate/full or quick); returns what
     results.json holds."""
     out = out or Path("runs/plan-validate") / ("quick" if quick else "full")
@@ -233,7 +234,7 @@ def validate(*, quick: bool = False, seeds: int | None = None, train_s: str | No
     train_values = [float(x) for x in (train_s or ("30,60" if quick else "20,40,60,80")).split(",")]
     profiles = [x.strip() for x in lengths.split(",") if x.strip()]
     start = time.perf_counter()
-    ours = None if skip_ours else validate_ours(seeds, push_s)
+    ours = None if skip_ours else validate_ours(seeds, push_s, ours_dir)
     relax = validate_relax(train_values, profiles, steps, seeds)
     out.mkdir(parents=True, exist_ok=True)
     swept = None
@@ -289,10 +290,12 @@ def main() -> None:
     ap.add_argument("--sweep-steps", type=int, default=None, help="steps per sweep point (default 24; --quick 10)")
     ap.add_argument("--push-s", type=float, default=OUR_PUSH_S, help="ours: an async push's seconds (not in colocate)")
     ap.add_argument("--skip-ours", action="store_true")
+    ap.add_argument("--ours", type=Path, default=OURS, help="the modes benchmark's run dirs (colocate, async-*)")
     ap.add_argument("--out", type=Path, default=None, help="default: runs/plan-validate/full (or quick)")
     args = ap.parse_args()
     validate(quick=args.quick, seeds=args.seeds, train_s=args.train_s, lengths=args.lengths, push_s=args.push_s,
-             skip_ours=args.skip_ours, skip_sweep=args.skip_sweep, sweep_steps=args.sweep_steps, out=args.out)
+             skip_ours=args.skip_ours, skip_sweep=args.skip_sweep, sweep_steps=args.sweep_steps, out=args.out,
+             ours_dir=args.ours)
 
 
 if __name__ == "__main__":

@@ -162,8 +162,9 @@ class ContinuousBatch:
         control = self.engine._control
         if control.numel():
             scores = scores.index_fill(1, control.to(scores.device), float("-inf"))
-        chosen = torch.empty(len(rows), dtype=torch.long)
-        logps: dict[int, torch.Tensor] = {}
+        chosen: list[int] = [0] * len(rows)
+        chosen_logp: list[float] = [0.0] * len(rows)
+        tops: dict[int, list[tuple[float, int]]] = {}
         groups: dict[tuple, list[int]] = {}
         for i, r in enumerate(rows):
             groups.setdefault(r.p.sp.warper_key(), []).append(i)
@@ -180,19 +181,22 @@ class ContinuousBatch:
                 for warper in _warpers(sp):
                     warped = warper(None, warped)
                 picked = torch.multinomial(torch.softmax(warped, dim=-1), num_samples=1).squeeze(1)
-            for j, i in enumerate(idx):
-                chosen[i] = picked[j]
-                logps[i] = logp[j]
+            values = logp.gather(1, picked.view(-1, 1)).squeeze(1).tolist()  # one transfer per group
+            for j, (i, token, value) in enumerate(zip(idx, picked.tolist(), values)):
+                chosen[i], chosen_logp[i] = int(token), float(value)
+                n = rows[i].p.req.top_logprobs_num if rows[i].p.req.return_logprob else 0
+                if n:
+                    top_v, top_i = logp[j].topk(min(n, logp.shape[-1]))
+                    tops[i] = list(zip(top_v.tolist(), top_i.tolist()))
         keep = []
         for i, r in enumerate(rows):
-            token = int(chosen[i])
+            token = chosen[i]
             r.ids.append(token)
             r.last = token
             if r.p.req.return_logprob:
-                r.logprobs.append(float(logps[i][token]))
-                if r.p.req.top_logprobs_num:
-                    values, indices = logps[i].topk(min(r.p.req.top_logprobs_num, logps[i].shape[-1]))
-                    r.top.append(list(zip(values.tolist(), indices.tolist())))
+                r.logprobs.append(chosen_logp[i])
+                if i in tops:
+                    r.top.append(tops[i])
             reason = row_finish(r.p, len(r.ids), token, False, lambda r=r: self.engine._decode(
                 r.ids[-stop_tail(r.p):], skip_special_tokens=False))
             if reason is None:
