@@ -45,6 +45,7 @@ from relax_gym.trainer.engines.generation_hooks import (
     row_finish,
     stop_tail,
 )
+from relax_gym.trainer.engines.prefix_cache import PrefixCache, PrefixEntry
 from relax_gym.trainer.engines.protocol import FinishReason
 from relax_gym.trainer.engines.shared_prefill import plan_sharing, prefill
 
@@ -75,6 +76,8 @@ class ContinuousBatch:
         self.rows: list[_Row] = []
         self.cache: Any = None
         self.mask: torch.Tensor | None = None  # (B, L) 1 where the cache holds a real token
+        tokens = int(getattr(engine, "prefix_cache_tokens", 0) or 0)
+        self.prefix = PrefixCache(tokens) if tokens > 0 else None  # ended rows' KV, for the requests that continue them
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -87,6 +90,16 @@ class ContinuousBatch:
         for p in [p for p in pending if p.sp.max_new_tokens == 0]:
             self.engine._resolve(p, [], [] if p.req.return_logprob else None, FinishReason(type="length", length=0), version)
         pending = [p for p in pending if p.sp.max_new_tokens > 0]
+        if self.prefix is not None:  # requests that continue an ended one prefill only what is new
+            media = set(self.engine.processor.media_token_ids.values())
+            misses = []
+            for p in pending:
+                entry = self.prefix.take(p.input_ids, p.mm, version, media)
+                if entry is None:
+                    misses.append(p)
+                else:
+                    self._continue(p, entry, version)
+            pending = misses
         if not pending:
             return
         device = self.engine._device
@@ -135,6 +148,9 @@ class ContinuousBatch:
             r.position += 1
         keep = self._sample(self.rows, out.logits[:, -1, :])
         if len(keep) < len(self.rows):
+            if self.prefix is not None:
+                kept = set(keep)
+                self._stash([i for i in range(len(self.rows)) if i not in kept])
             self._select(keep)
 
     def abort(self, message_reason: FinishReason) -> None:
@@ -144,6 +160,36 @@ class ContinuousBatch:
             self._answer(r, message_reason)
 
     # ------------------------------------------------------------------------------------------ internals
+
+    def _continue(self, p: PendingRequest, entry: PrefixEntry, version: str) -> None:
+        """Admit ``p``, whose ids continue ``entry``: its KV is the entry's, and only the rest is prefilled."""
+        device = self.engine._device
+        n, total = len(entry.ids), len(p.input_ids)
+        cache = DynamicCache(ddp_cache_data=[(k.to(device), v.to(device)) for k, v in entry.layers])
+        mask = torch.ones(1, total, dtype=torch.long, device=device)
+        ids = torch.tensor([p.input_ids[n:]], dtype=torch.long, device=device)
+        pos = torch.arange(n, total, dtype=torch.long, device=device).view(1, -1) + entry.delta
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True,
+                             position_ids=pos.unsqueeze(0).expand(3, -1, -1) if self.mrope else pos)
+        self.engine._count("prefix_cache_hits", 1)
+        self.engine._count("prefix_cached_tokens", n)
+        row = _Row(p, version, position=total, delta=entry.delta)
+        if self._sample([row], out.logits[:, -1, :]):
+            self._join([row], _cache_of(out), mask)
+
+    def _stash(self, ended: list[int]) -> None:
+        """Keep the KV of the rows that just ended (the real tokens of each are the cache's last ``position``
+        columns: every row is right-aligned), keyed by the ids it holds: the prompt and all generated tokens but
+        the last (never fed)."""
+        for i in ended:
+            r = self.rows[i]
+            ids = (*r.p.input_ids, *r.ids[:-1])
+            if len(ids) != r.position:  # a bookkeeping mismatch: keep nothing rather than a wrong cache
+                continue
+            layers = tuple((layer.keys[i:i + 1, :, -r.position:].clone(), layer.values[i:i + 1, :, -r.position:].clone())
+                           for layer in self.cache.layers)
+            self.prefix.put(PrefixEntry(ids, layers, r.delta, r.p.mm, r.version))
 
     def _deltas(self, n: int) -> list[int]:
         deltas = getattr(self.body, "rope_deltas", None) if self.mrope else None

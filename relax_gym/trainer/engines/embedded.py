@@ -14,8 +14,11 @@ record is cut from one forward) each scheduler round is **static**: the wave is 
 warpers are identical (greedy, or the same ``temperature`` / ``top_p`` / ``top_k`` / ``min_p``), each group is
 left-padded with the processor's ``collate`` and runs **one** ``model.generate``; a request that arrives meanwhile
 waits for the next round. In both, everything else is per request: ``max_new_tokens``, stop token ids, stop
-strings, ``ignore_eos``, ``skip_special_tokens``, ``no_stop_trim``, log-prob options. No paged KV cache or prefix
-cache across requests (identical prompts of one wave are prefilled once, see ``shared_prefill``).
+strings, ``ignore_eos``, ``skip_special_tokens``, ``no_stop_trim``, log-prob options. No paged KV cache; identical
+prompts of one wave are prefilled once (``shared_prefill``), and with continuous batching a request that continues
+an answered one (an episode's next turn: its prompt, the answer, the tool's reply) reuses that request's KV and
+prefills only the rest (``prefix_cache``, ``prefix_cache_tokens``; emptied by ``flush_cache`` and every weight
+update).
 
 **Media.** A request's ``image_data`` / ``video_data`` / ``audio_data`` items (see
 :mod:`~relax_gym.trainer.engines.protocol`) are decoded through relax_gym.omni parts built from the URL and the
@@ -60,8 +63,7 @@ rows between two steps with their KV cache, and they go on after :meth:`resume` 
 ``in_place``; ``retract`` would recompute their cache on the new weights -- deviation: the cache is kept); each
 answer reports the version it was admitted under, the oldest that produced its tokens. Static rounds: ``in_place``
 and ``retract`` let the running batch finish on the old weights. In every mode ``pause`` returns once no step or
-batch runs, so weights can be swapped safely. :meth:`flush_cache` is a no-op that succeeds: there is no prefix
-cache shared between requests.
+batch runs, so weights can be swapped safely. :meth:`flush_cache` empties the prefix cache.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ class EmbeddedEngine(WeightUpdates):
     def __init__(self, model: Any, processor: Any, *, max_batch: int = 16, batch_window_s: float = 0.005,
                  weight_version: str = "0", model_path: str | None = None, decode_cache: Any = "default",
                  dist_timeout_s: float = 120.0, share_prefill: bool = True, weight_receiver: Any = None,
-                 continuous: bool | None = None) -> None:
+                 continuous: bool | None = None, prefix_cache_tokens: int = 1 << 16) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if batch_window_s < 0:
@@ -150,6 +152,7 @@ class EmbeddedEngine(WeightUpdates):
         # continuous batching (continuous.py); an MoE policy's routing record is cut from one generate's forward:
         # those run in static rounds
         self.continuous = (not self.moe) if continuous is None else bool(continuous)
+        self.prefix_cache_tokens = int(prefix_cache_tokens)  # continuous batching: ended rows' KV kept (prefix_cache.py)
         if self.continuous and self.moe:
             raise ValueError("continuous batching cannot record an MoE policy's routed experts: use continuous=False")
         self._batch = ContinuousBatch(self) if self.continuous else None
@@ -168,7 +171,7 @@ class EmbeddedEngine(WeightUpdates):
         self._staging = WeightStaging(timeout_s=self.dist_timeout_s)  # buckets of staged pushes, until applied
         self._stats = {"requests": 0, "batches": 0, "generate_calls": 0, "prompt_tokens": 0, "completion_tokens": 0,
                        "aborted": 0, "max_batch_seen": 0, "generate_seconds": 0.0, "weight_updates": 0,
-                       "shared_prefill_rows": 0}
+                       "shared_prefill_rows": 0, "prefix_cache_hits": 0, "prefix_cached_tokens": 0}
         self._thread = threading.Thread(target=self._loop, name="embedded-engine-scheduler", daemon=True)
         self._thread.start()
 
@@ -302,8 +305,13 @@ class EmbeddedEngine(WeightUpdates):
             return self._abort_all_locked()
 
     def flush_cache(self) -> bool:
-        """No prefix / KV cache outlives a ``model.generate`` call here: nothing to flush; always succeeds."""
+        """Empty the prefix cache (the running rows keep theirs); always succeeds."""
+        self._clear_prefix()
         return True
+
+    def _clear_prefix(self) -> None:
+        if self._batch is not None and self._batch.prefix is not None:
+            self._batch.prefix.clear()
 
     @property
     def device(self) -> torch.device:
@@ -319,6 +327,7 @@ class EmbeddedEngine(WeightUpdates):
             self.abort_all()
         with self._model_lock:
             self._weight_version = str(new_version)
+            self._clear_prefix()  # its entries were computed by the old weights (they would not match anyway)
 
     def stats(self) -> dict[str, Any]:
         with self._cv:

@@ -409,6 +409,9 @@ class WeightUpdates:
     def _bump(self, weight_version: str | None) -> None:
         if weight_version is not None:
             self._weight_version = str(weight_version)
+        clear = getattr(self, "_clear_prefix", None)  # the prefix cache's KV came from the old weights
+        if clear is not None:
+            clear()
         with self._cv:
             self._stats["weight_updates"] += 1
 
