@@ -9,6 +9,7 @@ greedy eval reward, and the trainer's data-wait fraction (async: time the actor 
 time; colocate: rollout time / step time, the share of each step its trainer sits idle).
 
     python benchmarks/modes.py [--quick] [--steps N] [--seed S] [--median S] [--sigma X] [--max-s S]
+                               [--modes "colocate,async S=2 carry"] [--eval-episodes N]
 
 Targets (issue "Async engine"): async S=2 >= 2x colocate steps/hour; final eval rewards within +-0.05 of
 colocate; data wait <= 2 % of step time in async mode. Run dirs go to runs/bench-modes/<mode>.
@@ -102,9 +103,15 @@ def run_mode(mode: str, overrides: list[str], run_dir: Path) -> dict[str, Any]:
     }
 
 
-def run(quick: bool = False, *, steps: int | None = None, seed: int = 0, latency: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run the three modes on the same workload; returns per-mode figures, ratios and the targets' verdicts.
-    ``latency`` overrides fields of the tool-latency distribution (:data:`LATENCY`)."""
+def run(quick: bool = False, *, steps: int | None = None, seed: int = 0, latency: dict[str, Any] | None = None,
+        modes: list[str] | None = None, eval_episodes: int | None = None) -> dict[str, Any]:
+    """Run the modes on the same workload; returns per-mode figures, ratios and the targets' verdicts.
+    ``latency`` overrides fields of the tool-latency distribution (:data:`LATENCY`); ``modes``: a subset of
+    :data:`MODES` (ratios and targets need colocate and the target mode among them)."""
+    modes = modes or list(MODES)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown mode(s) {unknown}: choose from {list(MODES)}")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     steps = steps or (4 if quick else 12)
     latency = {**LATENCY, **(latency or {})}
@@ -113,18 +120,21 @@ def run(quick: bool = False, *, steps: int | None = None, seed: int = 0, latency
     warm = warm_start(seed, 100 if quick else 150, OUT / ("quick" if quick else "full"))  # shared by latency variants
     common = [f"model.path={warm}", "trainer.sft_warmup_steps=0", f"trainer.seed={seed}", f"trainer.steps={steps}",
               f"trainer.eval_every={steps}", f"trainer.checkpoint_every={steps}",
-              f"trainer.eval_episodes={16 if quick else 32}", _env_kwargs(seed, latency), "metrics.tensorboard=false"]
-    results = {mode: run_mode(mode, common, out / mode.replace(" ", "-").replace("=", "")) for mode in MODES}
-    base = results["colocate"]
+              f"trainer.eval_episodes={eval_episodes or (16 if quick else 32)}", _env_kwargs(seed, latency),
+              "metrics.tensorboard=false"]
+    results = {mode: run_mode(mode, common, out / mode.replace(" ", "-").replace("=", "")) for mode in modes}
+    base = results.get("colocate")
     for r in results.values():
-        r["speedup"] = r["steps_per_hour"] / base["steps_per_hour"]
-        r["eval_delta"] = r["eval_reward_end"] - base["eval_reward_end"]
-    s2 = results[TARGET_MODE]
-    targets = {
-        f"{TARGET_MODE} >= 2x colocate steps/hour": s2["speedup"] >= 2.0,
-        "final eval rewards within +-0.05": all(abs(r["eval_delta"]) <= 0.05 for r in results.values()),
-        f"{TARGET_MODE} data wait <= 2% of step time": s2["data_wait_fraction"] <= 0.02,
-    }
+        r["speedup"] = r["steps_per_hour"] / base["steps_per_hour"] if base else float("nan")
+        r["eval_delta"] = r["eval_reward_end"] - base["eval_reward_end"] if base else float("nan")
+    targets = {}
+    if base and TARGET_MODE in results:
+        s2 = results[TARGET_MODE]
+        targets = {
+            f"{TARGET_MODE} >= 2x colocate steps/hour": s2["speedup"] >= 2.0,
+            "final eval rewards within +-0.05": all(abs(r["eval_delta"]) <= 0.05 for r in results.values()),
+            f"{TARGET_MODE} data wait <= 2% of step time": s2["data_wait_fraction"] <= 0.02,
+        }
     return {"modes": results, "targets": targets, "workload": {"recipe": str(RECIPE), "latency": latency, "steps": steps,
                                                                "seed": seed, "quick": quick}}
 
@@ -137,9 +147,12 @@ def main() -> None:
     parser.add_argument("--median", type=float, default=LATENCY["median_s"], help="tool latency median, seconds")
     parser.add_argument("--sigma", type=float, default=LATENCY["sigma"], help="spread of the log-latency (tail weight)")
     parser.add_argument("--max-s", type=float, default=LATENCY["max_s"], help="cap of one tool call's latency")
+    parser.add_argument("--modes", default=None, help=f"comma-separated subset of {list(MODES)}")
+    parser.add_argument("--eval-episodes", type=int, default=None, help="eval episodes at the start and the end")
     args = parser.parse_args()
     latency = {"median_s": args.median, "sigma": args.sigma, "max_s": args.max_s}
-    result = run(args.quick, steps=args.steps, seed=args.seed, latency=latency)
+    result = run(args.quick, steps=args.steps, seed=args.seed, latency=latency,
+                 modes=[m.strip() for m in args.modes.split(",")] if args.modes else None, eval_episodes=args.eval_episodes)
     table = Table("mode", "steps", "loop s", "steps/h", "x colocate", "eval end", "delta", "data wait", "after fill",
                   "rollout s", "train s", "stale max", "discarded",
                   title=f"trainer modes, tool-use + tool latency {result['workload']['latency']} ({result['workload']['steps']} steps)")
