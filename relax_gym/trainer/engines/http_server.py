@@ -14,7 +14,7 @@ Endpoints (request bodies: :mod:`~relax_gym.trainer.engines.protocol`; responses
 ``/health``                                 GET     200 while the scheduler thread lives (no generate)
 ``/health_generate``                        GET     200 after a 1-token greedy generate, else 503 (while paused:
                                                     200 without generating, as a generate would wait)
-``/flush_cache``                            GET/    200, text (nothing to flush: no prefix cache)
+``/flush_cache``                            GET/    200, text (the prefix cache is emptied)
                                             POST
 ``/pause_generation``                       POST    ``{"mode": "abort" | "retract" | "in_place"}`` →
                                                     ``{"message": ..., "status": "ok"}``
@@ -321,7 +321,7 @@ class EngineServer(_HTTPService):
     def _flush_cache(self, body: Any) -> _Response:
         self._parse(FlushCacheReqInput, body)
         ok = self.engine.flush_cache()
-        return _text("Cache flushed.\nThe embedded engine keeps no prefix cache: nothing to flush.\n", 200 if ok else 400)
+        return _text("Cache flushed.\n", 200 if ok else 400)
 
     def _pause(self, body: Any) -> _Response:
         req = self._parse(PauseGenerationReqInput, body)
