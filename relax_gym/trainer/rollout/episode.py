@@ -45,8 +45,8 @@ class EpisodeTiming:
     """Where an episode's wall time went, in seconds (perf counter): ``reset_s`` (the env's reset and the first
     render), one ``generate_s`` per engine call (queueing in the engine included) and one ``env_s`` per env step
     (tool calls and their sandboxes, the reward), ``wall_s`` from the start of the reset to the end. Recorded in
-    the rollout records and summed into the step row (``episode_*_s``); ``relax-gym plan calibrate`` fits its cost
-    models from them."""
+    the rollout records and averaged into the step row (``time_episode_*_s``); ``relax-gym plan calibrate`` fits
+    its cost models from them."""
 
     reset_s: float = 0.0
     generate_s: list[float] = field(default_factory=list)

@@ -102,15 +102,16 @@ def rollout_row(episodes: Sequence[Episode], rollout_s: float, known: Sequence[s
 
 def timing_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Where the step's episodes spent their wall time (summaries' ``generate_s`` / ``env_s`` / ``reset_s`` /
-    ``wall_s``, see :class:`~relax_gym.trainer.rollout.episode.EpisodeTiming`): ``episode_<part>_s_mean`` over the
-    episodes that ran, and ``episode_wall_s_max`` (the straggler). Empty when no episode reports a wall time (an
-    env worker that failed every attempt)."""
+    ``wall_s``, see :class:`~relax_gym.trainer.rollout.episode.EpisodeTiming`): ``time_episode_<part>_s``, the mean
+    over the episodes that ran, and ``time_episode_wall_max_s`` (the straggler). Wall-clock figures, hence ``time_``
+    like the step's other timings. Empty when no episode reports a wall time (an env worker that failed every
+    attempt)."""
     timed = [e for e in episodes if float(e.get("wall_s", 0.0) or 0.0) > 0.0]
     if not timed:
         return {}
-    row = {f"episode_{part}_s_mean": _mean([float(e.get(f"{part}_s", 0.0) or 0.0) for e in timed])
+    row = {f"time_episode_{part}_s": _mean([float(e.get(f"{part}_s", 0.0) or 0.0) for e in timed])
            for part in ("generate", "env", "reset", "wall")}
-    row["episode_wall_s_max"] = max(float(e["wall_s"]) for e in timed)
+    row["time_episode_wall_max_s"] = max(float(e["wall_s"]) for e in timed)
     return row
 
 
