@@ -1,5 +1,6 @@
 """What the DCS tests that push to an embedded engine in this process share: the engine behind its HTTP server,
-a second policy as the actor, weights shifted to tell pushes apart, and the check that an engine holds them."""
+a second policy as the actor (the fixtures ``engine`` and ``actor`` in conftest.py), weights shifted to tell pushes
+apart, and the check that an engine holds them."""
 
 from __future__ import annotations
 

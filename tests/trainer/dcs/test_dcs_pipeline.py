@@ -22,25 +22,12 @@ from relax_gym.trainer.dcs import (
     DCSPushError,
     checkpoint_names,
 )
-from relax_gym.trainer.dcs.group import GroupReceiver, WeightUpdateGroup
+from relax_gym.trainer.dcs.group import WeightUpdateGroup
 from relax_gym.trainer.dcs.wire import SocketWire
 from relax_gym.trainer.engines.embedded import EmbeddedEngine, EngineRequestError
 from relax_gym.trainer.engines.protocol import EngineRequest, SamplingParams
 
-from .engine_helpers import actor_policy, assert_holds, in_process_engine, shifted
-
-
-@pytest.fixture(scope="module")
-def engine():
-    eng, server = in_process_engine(GroupReceiver())
-    yield eng, server.url
-    server.close()
-
-
-
-@pytest.fixture(scope="module")
-def actor():
-    return actor_policy()
+from .engine_helpers import assert_holds, shifted
 
 
 def one_token(eng: EmbeddedEngine) -> str:

@@ -49,7 +49,7 @@ from relax_gym.trainer.engines.embedded import EngineRequestError
 from relax_gym.trainer.engines.process import spawn_engine
 from relax_gym.trainer.policy.model import PolicyConfig
 
-from .engine_helpers import actor_policy, assert_holds, in_process_engine, shifted
+from .engine_helpers import assert_holds, in_process_engine, shifted
 
 BUCKET_MB = 0.25  # the tiny policy is ~2.8 MiB: about a dozen calls
 
@@ -231,17 +231,6 @@ class GlooOnly(GroupReceiver):
 
     backends = ("gloo", "nccl")
 
-
-@pytest.fixture(scope="module")
-def engine():
-    eng, server = in_process_engine(GroupReceiver())
-    yield eng, server.url
-    server.close()
-
-
-@pytest.fixture(scope="module")
-def actor():
-    return actor_policy()
 
 
 @pytest.mark.parametrize("streams", [None, 2], ids=["default", "2-streams"])
