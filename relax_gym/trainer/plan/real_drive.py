@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from relax_gym.trainer.async_engine import carry as carry_module
@@ -124,11 +124,13 @@ class RoleFaults:
 
 
 class _Remote:
-    def __init__(self, handle: SimHandle, name: str) -> None:
-        self.handle, self.name = handle, name
+    """``method.remote(*args)`` of a handle look-alike: ``call(*args)`` (a coroutine) as a task."""
+
+    def __init__(self, call: Callable[..., Any]) -> None:
+        self.call = call
 
     def remote(self, *args: Any, **kwargs: Any) -> asyncio.Task:
-        return asyncio.ensure_future(self.handle._call(self.name, args, kwargs))
+        return asyncio.ensure_future(self.call(*args, **kwargs))
 
 
 class SimHandle:
@@ -141,9 +143,9 @@ class SimHandle:
     def __getattr__(self, name: str) -> _Remote:
         if name.startswith("_"):
             raise AttributeError(name)
-        return _Remote(self, name)
+        return _Remote(functools.partial(self._call, name))
 
-    async def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         faults = self.topology.faults
         plan = faults.due(self.role, name, args, kwargs)
         if plan is not None:
@@ -159,7 +161,7 @@ class SimHandle:
                 self.topology.log.add("call_failed", role=self.role, method=name)
                 raise RuntimeError(f"simulated failure of {self.role}.{name}")
             self.topology.log.add("replica_died", role=self.role, method=name)
-            await self.topology.registry.started(self.role, f"{self.role}-replacement-{len(faults.fired)}")
+            await self.topology.registry.body.started(self.role, f"{self.role}-replacement-{len(faults.fired)}")
             raise RayActorError()
         return await self._run(name, args, kwargs)
 
@@ -219,12 +221,8 @@ class _Registry:
     def __init__(self, body: ReplicaRegistry) -> None:
         self.body = body
 
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self.body, name)
-        return SimpleNamespace(remote=lambda *a, **k: asyncio.ensure_future(method(*a, **k)))
-
-    async def started(self, role: str, name: str) -> int:
-        return await self.body.started(role, name)
+    def __getattr__(self, name: str) -> _Remote:
+        return _Remote(getattr(self.body, name))
 
 
 class SimTopology:
@@ -232,7 +230,6 @@ class SimTopology:
     ``supervisor``, ``slots``, ``prefix``), over the simulated roles of ``costs``."""
 
     def __init__(self, costs: Costs, cfg: RelaxConfig, *, faults: RoleFaults | None = None) -> None:
-        t = cfg.trainer
         self.cfg, self.costs, self.faults = cfg, costs, faults or RoleFaults()
         self.log = EventLog()
         self.prefix = "sim"
@@ -244,12 +241,11 @@ class SimTopology:
         self.slots: CarrySlots | None = None
         self.registry: _Registry | None = None
         self.engine_figures: tuple[int, float, int] = (0, 0.0, 0)  # read when the drive ends
-        self.trainer = t
 
     async def start(self) -> None:
         """Build the roles (inside the virtual loop: their events and semaphores belong to it); each announces its
         replica, as a real one does when it starts."""
-        c, t, r = self.costs, self.trainer, self.cfg.roles
+        c, t, r = self.costs, self.cfg.trainer, self.cfg.roles
         self.pool = EnginePool(self.replicas, c.generation)
         self.bus = InProcessBus(lease_timeout=None)
         self.slots = (CarrySlots(t.prompts_per_step, t.max_staleness, first=0, end=t.steps)
@@ -261,12 +257,12 @@ class SimTopology:
                  "advantages": AdvantagesRole(self.cfg.algorithm.model_dump(mode="json"), self.bus)}
         if c.train.ref_s_per_token > 0:
             roles["reference"] = SimReference(c, self.bus, self.actor_gpus)
-        self.worker, self.actor = worker, roles["actor"]
+        self.actor = roles["actor"]
         self.handles = {name: SimHandle(name, role, self) for name, role in roles.items()}
         self.registry = _Registry(ReplicaRegistry({name: 1 for name in roles}))
         self.supervisor = Supervisor(self.registry, budget=r.restart_budget, wait_s=r.replica_wait_s)
         for name in roles:
-            await self.registry.started(name, f"{name}-0")
+            await self.registry.body.started(name, f"{name}-0")
 
     @property
     def staleness(self) -> list[int]:
