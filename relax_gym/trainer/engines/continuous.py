@@ -114,7 +114,7 @@ class ContinuousBatch:
             if plan is None:
                 out = self.model(**batch, use_cache=True)
                 cache, mask = _cache_of(out), batch["attention_mask"]
-                deltas = self._deltas(len(pending))
+                deltas = self._deltas(len(pending))  # the prefill set them (one row per request)
             else:  # the distinct prompts over all tokens but the last, spread to their rows; then the last token
                 inputs = prefill(self.model, batch, plan.index)
                 cache, mask = inputs["cache"], inputs["attention_mask"]
@@ -155,9 +155,13 @@ class ContinuousBatch:
 
     def abort(self, message_reason: FinishReason) -> None:
         """Answer every running row with what it generated so far and ``message_reason`` (an abort)."""
-        rows, self.rows, self.cache, self.mask = self.rows, [], None, None
-        for r in rows:
+        for r in self.drop_all():
             self._answer(r, message_reason)
+
+    def drop_all(self) -> list[_Row]:
+        """Empty the batch; the rows it held (their requests not answered)."""
+        rows, self.rows, self.cache, self.mask = self.rows, [], None, None
+        return rows
 
     # ------------------------------------------------------------------------------------------ internals
 
@@ -271,7 +275,7 @@ class ContinuousBatch:
 
     def _select(self, keep: list[int]) -> None:
         if not keep:
-            self.rows, self.cache, self.mask = [], None, None
+            self.drop_all()
             return
         index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
         self.cache.batch_select_indices(index)

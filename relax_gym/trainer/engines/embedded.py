@@ -537,8 +537,7 @@ class EmbeddedEngine(WeightUpdates):
                         batch.abort(FinishReason(type="abort", message=ABORT_MESSAGE))
             except BaseException as exc:  # noqa: BLE001 - never let the scheduler die: fail what was running
                 logger.exception("embedded engine step failed")
-                failed = [r.p for r in batch.rows] + admitted
-                batch.rows, batch.cache, batch.mask = [], None, None
+                failed = [r.p for r in batch.drop_all()] + admitted
                 for p in failed:
                     if not p.future.done():
                         p.future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
