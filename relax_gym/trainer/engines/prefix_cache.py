@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from relax_gym.trainer.engines.shared_prefill import same_media
+
 __all__ = ["PrefixCache", "PrefixEntry"]
 
 
@@ -77,7 +79,7 @@ class PrefixCache:
             if best is None:
                 return None
             n = len(best.ids)
-            if best.version != version or any(t in media_token_ids for t in ids[n:]) or not _same_media(best.mm, mm):
+            if best.version != version or any(t in media_token_ids for t in ids[n:]) or not same_media(best.mm, mm):
                 return None
             del self._entries[best.ids]
             self._tokens -= n
@@ -88,6 +90,3 @@ class PrefixCache:
             self._entries.clear()
             self._tokens = 0
 
-
-def _same_media(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
-    return a.keys() == b.keys() and all(a[k].shape == b[k].shape and torch.equal(a[k], b[k]) for k in a)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SharePlan", "continue_kwargs", "plan_sharing", "prefill"]
+__all__ = ["SharePlan", "continue_kwargs", "plan_sharing", "prefill", "same_media"]
 
 PER_TOKEN = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")  # (B, L): cut with the prompt
 
@@ -39,7 +39,7 @@ class SharePlan:
 
 def _bucket_key(input_ids: Sequence[int], mm: Mapping[str, torch.Tensor]) -> tuple:
     """A cheap key that equal prompts share: the ids, each media tensor's shape and dtype, and a digest of a
-    strided sample of its values. Rows with equal keys are then compared in full (:func:`_same_media`)."""
+    strided sample of its values. Rows with equal keys are then compared in full (:func:`same_media`)."""
     media = []
     for name in sorted(mm):
         t = mm[name].detach().reshape(-1)
@@ -49,7 +49,8 @@ def _bucket_key(input_ids: Sequence[int], mm: Mapping[str, torch.Tensor]) -> tup
     return (tuple(int(i) for i in input_ids), tuple(media))
 
 
-def _same_media(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
+def same_media(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
+    """The same media tensors, bit for bit (same names, shapes and values: ``torch.equal``)."""
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -63,7 +64,7 @@ def plan_sharing(rows: Sequence[tuple[Sequence[int], Mapping[str, torch.Tensor]]
     index: list[int] = []
     for b, (ids, mm) in enumerate(rows):
         candidates = buckets.setdefault(_bucket_key(ids, mm), [])
-        match = next((u for u in candidates if _same_media(rows[unique[u]][1], mm)), None)
+        match = next((u for u in candidates if same_media(rows[unique[u]][1], mm)), None)
         if match is None:
             match = len(unique)
             unique.append(b)
