@@ -94,3 +94,12 @@ def test_carry_discards_stay_within_the_bound_and_are_counted_once():
     ledger_ok(r.summary, steps=8)
     assert all(row["staleness_max"] <= 2 for row in r.rows)
     assert r.summary["samples_discarded_stale"] % G == 0
+
+
+def test_what_the_drive_cannot_simulate_is_refused_by_name():
+    with pytest.raises(ValueError, match="not 'colocate'"):
+        drive(costs(), config(mode="colocate", max_staleness=0))
+    with pytest.raises(ValueError, match="PPO's critic"):
+        drive(costs(), RelaxConfig.model_validate({"trainer": {"mode": "async"}, "algorithm": {"name": "ppo"}}))
+    with pytest.raises(ValueError, match="'replica' or 'error', not 'crash'"):
+        RoleFaults().fail("env_worker", "run_group", kind="crash")
