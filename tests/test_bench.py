@@ -294,3 +294,15 @@ def test_a_result_in_an_unexpected_shape_falls_back_to_its_raw_figures():
 
 def test_a_benchmark_with_nothing_numeric_still_gets_a_row():
     assert [r.figure for r in summarise("newcomer", {"note": "only text"}).rows] == ["(run() returned no numeric figures)"]
+
+
+def test_machine_names_the_cpu_model_from_cpuinfo(tmp_path):
+    from relax_gym.bench.command import cpu_model, machine
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: Example\nmodel name\t: Example CPU 9000 @ 3.0GHz\n\nprocessor\t: 1\n")
+    assert cpu_model(info) == "Example CPU 9000 @ 3.0GHz"
+    info.write_text("processor\t: 0\nmodel name\t:\n")  # no model name: the platform's word for it, never empty
+    assert cpu_model(info)
+    assert cpu_model(tmp_path / "missing")
+    assert machine().startswith(cpu_model() + ", ") and "CPU cores" in machine()

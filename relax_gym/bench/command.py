@@ -86,11 +86,24 @@ def run_bench(opts: BenchOptions, console: Console) -> list[BenchResult]:
 
 
 def machine() -> str:
-    """A few words on where the figures come from: cores, GPU or not, Python."""
+    """A few words on where the figures come from: the CPU model, cores, GPU or not, Python. Ratios in one run are
+    comparable across machines; absolute figures are not (two 2-core machines of one kind have differed by 2x)."""
     try:
         import torch
 
         gpu = f"GPU: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no GPU"
     except Exception:  # noqa: BLE001 - only a description
         gpu = "GPU unknown"
-    return f"{os.cpu_count()} CPU cores, {gpu}, Python {platform.python_version()}"
+    return f"{cpu_model()}, {os.cpu_count()} CPU cores, {gpu}, Python {platform.python_version()}"
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name (Linux: ``cpuinfo``'s "model name"; elsewhere what ``platform`` knows)."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU unknown"
