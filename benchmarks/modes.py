@@ -15,7 +15,8 @@ Targets (issue "Async engine"): async S=2 >= 2x colocate steps/hour; final eval 
 colocate; data wait <= 2 % of step time in async mode. Issue 21 raised the carry target to >= 2.5x with Docker
 sandboxes (the backend: $RELAX_GYM_SANDBOX, else Docker when an engine answers, else bwrap; printed). The machine
 (CPU model, cores) and the load average before and after are printed and kept in runs/bench-modes/last.json:
-ratios within one run compare across machines, steps/hour do not. Run dirs go to runs/bench-modes/<mode>.
+steps/hour do not compare across machines, and the ratios move with the machine's speed too (generation and
+training shrink next to the tool latency on a faster one; docs/benchmarks.md). Run dirs go to runs/bench-modes/<mode>.
 """
 
 from __future__ import annotations

@@ -86,8 +86,9 @@ def run_bench(opts: BenchOptions, console: Console) -> list[BenchResult]:
 
 
 def machine() -> str:
-    """A few words on where the figures come from: the CPU model, cores, GPU or not, Python. Ratios in one run are
-    comparable across machines; absolute figures are not (two 2-core machines of one kind have differed by 2x)."""
+    """A few words on where the figures come from: the CPU model, cores, GPU or not, Python. Absolute figures do not
+    compare across machines (two 2-core machines of one kind have differed by 1.6-1.8x), and some ratios move with
+    the machine's speed too."""
     try:
         import torch
 
