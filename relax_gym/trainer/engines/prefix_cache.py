@@ -89,4 +89,3 @@ class PrefixCache:
         with self._lock:
             self._entries.clear()
             self._tokens = 0
-

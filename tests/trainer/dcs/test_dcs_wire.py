@@ -232,7 +232,6 @@ class GlooOnly(GroupReceiver):
     backends = ("gloo", "nccl")
 
 
-
 @pytest.mark.parametrize("streams", [None, 2], ids=["default", "2-streams"])
 def test_staged_pushes_over_the_socket_wire_are_bit_identical(engine, actor, streams):
     eng, url = engine
