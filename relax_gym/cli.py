@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from relax_gym.trainer.models.cli import model_app
 from relax_gym.trainer.plan.cli import plan_app
 
 app = typer.Typer(help="relax-gym: omni-modal agentic RL environments and trainer.", no_args_is_help=True, pretty_exceptions_enable=False)
@@ -27,6 +28,7 @@ judge_app = typer.Typer(help="Judge models (judge.model): LLM judges built in co
 app.add_typer(judge_app, name="judge")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(plan_app, name="plan")  # relax_gym/trainer/plan/cli.py: imports only typer; the planner loads per command
+app.add_typer(model_app, name="model")  # relax_gym/trainer/models/cli.py: imports only typer
 
 
 class _Console(Console):

@@ -67,3 +67,12 @@ def ray_session():
     except Exception:  # noqa: BLE001 - Serve may never have started
         pass
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def standin_3b(tmp_path_factory) -> Path:
+    """A Qwen2.5-Omni-3B stand-in (published layout, real widths, one layer per stack, bf16), written once per
+    session (~25 s, 2 GB on disk) and shared: tests that load it must not write into it."""
+    from relax_gym.trainer.models.standin import write_standin
+
+    return write_standin("qwen2.5-omni-3b", tmp_path_factory.mktemp("standin") / "qwen2.5-omni-3b", layers=1)

@@ -32,6 +32,8 @@ ALLOWED: dict[str, set[str]] = {
     "faults": set(),
     "databus": set(),
     "policy": {"algorithms"},
+    # published checkpoints: their files as data, stand-ins written in code, the directory check, sizes per rank
+    "models": {"policy", "algorithms"},
     "engines": {"policy", "algorithms"},
     "actors": {"policy", "algorithms"},
     "rollout": {"policy", "algorithms", "engines"},  # the episode runner speaks the engine's protocol
@@ -46,7 +48,7 @@ ALLOWED: dict[str, set[str]] = {
                      "base", "rewards"},
     "train": {"config", "colocate", "async_engine", "base"},
     "tools": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "colocate", "base",
-              "async_engine", "databus", "rewards"},
+              "async_engine", "databus", "rewards", "models"},
     # the planner (relax-gym plan): the async controller, its scheduling pieces and the in-process bus on a virtual clock
     "plan": {"async_engine", "databus", "config", "rollout"},
 }
