@@ -19,7 +19,7 @@ from PIL import Image, UnidentifiedImageError
 
 from relax_gym.omni import seek as _seek
 from relax_gym.omni.errors import MediaError
-from relax_gym.omni.sampling import AudioSampling, ImageSampling, VideoSampling
+from relax_gym.omni.sampling import AudioSampling, ImageSampling, QwenVideoRule, VideoSampling
 
 SOUNDFILE_SUFFIXES = frozenset({".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif"})
 _SOUNDFILE_MAGIC = (b"RIFF", b"fLaC", b"OggS", b"FORM")
@@ -46,6 +46,9 @@ class DecodedVideo:
     native_fps: float
     duration_s: float
     audio: DecodedAudio | None = None
+    # the frame rate qwen-omni-utils reports for frames picked by its rule (frames / frames in span * native fps);
+    # the processor's video_second_per_grid follows it. None for the uniform rule (the timestamps tell).
+    sample_fps: float | None = None
 
     @property
     def nbytes(self) -> int:
@@ -77,6 +80,24 @@ def sample_times(start_s: float, end_s: float, spec: VideoSampling, native_fps: 
     return start_s + step * (np.arange(n) + 0.5) if n > 0 else np.zeros(0)
 
 
+def resize_frames(frames: np.ndarray, height: int, width: int) -> np.ndarray:
+    """uint8 (T, H, W, 3) → uint8 (T, height, width, 3) as qwen-omni-utils resizes video frames:
+    ``torchvision.transforms.functional.resize(video, [h, w], BICUBIC, antialias=True)`` on a uint8 tensor, which
+    (torchvision's ``_functional_tensor.resize``) casts to float32, runs ``torch.nn.functional.interpolate(mode=
+    "bicubic", align_corners=False, antialias=True)``, clamps to [0, 255], rounds and casts back; a frame already
+    at the size is returned as is (its ``resize`` returns early). Not PIL's bicubic: the two differ by up to 9
+    grey levels on detailed frames."""
+    if frames.shape[1:3] == (height, width):
+        return frames
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.from_numpy(np.require(frames, requirements=["C", "W"])).permute(0, 3, 1, 2).to(torch.float32)
+    x = F.interpolate(x, size=[height, width], mode="bicubic", align_corners=False, antialias=True)
+    x = x.clamp(min=0, max=255).round().to(torch.uint8)
+    return np.ascontiguousarray(x.permute(0, 2, 3, 1).numpy())
+
+
 # ---------------------------------------------------------------------------------------------- video
 
 
@@ -89,16 +110,17 @@ def decode_video(source: Path | bytes, spec: VideoSampling, *, name: str | None 
         picked = None
         if seek:
             with av.open(_as_file(source), mode="r") as container:
-                stream, native_fps, duration, start, end, targets = _probe(container, spec, label)
+                stream, native_fps, duration, start, end, targets, qwen = _probe_plan(container, spec, label)
                 try:
                     picked = _pick_frames_seeking(container, stream, targets, start, spec.max_pixels,
-                                                  reopen=lambda: _reopen(source))
+                                                  reopen=lambda: _reopen(source), convert=qwen.convert if qwen else None)
                 except (av.FFmpegError, ValueError, IndexError):  # the sequential decoder gives the verdict
                     picked = None
         if picked is None:
             with av.open(_as_file(source), mode="r") as container:
-                stream, native_fps, duration, start, end, targets = _probe(container, spec, label)
-                picked = _pick_frames_linear(container, stream, targets, start, spec.max_pixels, label)
+                stream, native_fps, duration, start, end, targets, qwen = _probe_plan(container, spec, label)
+                picked = _pick_frames_linear(container, stream, targets, start, spec.max_pixels, label,
+                                             convert=qwen.convert if qwen else None)
         frames, stamps = picked
         if not frames:
             raise MediaError(label, "no decodable video frames in the requested span")
@@ -108,9 +130,9 @@ def decode_video(source: Path | bytes, spec: VideoSampling, *, name: str | None 
         raise MediaError(label, f"cannot decode video: {exc}") from exc
     audio = None
     if spec.audio is not None:
-        track_spec = spec.audio.model_copy(
-            update={"start_s": max(spec.audio.start_s, start), "end_s": spec.audio.end_s or end}
-        )
+        # qwen-omni-utils loads the track from video_start to video_end, or to the end of the file
+        track_end = spec.audio.end_s or (spec.end_s if qwen else end)
+        track_spec = spec.audio.model_copy(update={"start_s": max(spec.audio.start_s, start), "end_s": track_end})
         audio = decode_audio(source, track_spec, name=label, prefer_av=True)
     return DecodedVideo(
         frames=_readonly(np.stack(frames)),
@@ -118,12 +140,32 @@ def decode_video(source: Path | bytes, spec: VideoSampling, *, name: str | None 
         native_fps=native_fps,
         duration_s=duration,
         audio=audio,
+        sample_fps=qwen.sample_fps if qwen else None,
     )
+
+
+@dataclass(frozen=True)
+class _QwenPick:
+    """The qwen rule's plan for one file: the frames' size after resizing and qwen-omni-utils' sample fps."""
+
+    height: int
+    width: int
+    sample_fps: float
+
+    def convert(self, frame) -> np.ndarray:
+        """A decoded frame as RGB at its native size, then resized as qwen-omni-utils resizes it."""
+        rgb = frame.to_ndarray(format="rgb24", threads=1)
+        return resize_frames(rgb[None], self.height, self.width)[0]
 
 
 def _probe(container, spec: VideoSampling, label: str):
     """The first video stream (set to decode with threads), its native rate and duration, the span to sample and
     the target times."""
+    return _probe_plan(container, spec, label)[:6]
+
+
+def _probe_plan(container, spec: VideoSampling, label: str):
+    """:func:`_probe` and (qwen rule) the plan of :class:`_QwenPick`, else None."""
     if not container.streams.video:
         raise MediaError(label, "no video stream in file")
     stream = container.streams.video[0]
@@ -136,7 +178,24 @@ def _probe(container, spec: VideoSampling, label: str):
     end = duration if spec.end_s is None else min(spec.end_s, duration)
     if end <= start:
         raise MediaError(label, f"requested span [{spec.start_s}, {spec.end_s}) lies outside the video ({duration:.3f} s)")
-    return stream, native_fps, duration, start, end, sample_times(start, end, spec, native_fps)
+    if spec.qwen is None:
+        return stream, native_fps, duration, start, end, sample_times(start, end, spec, native_fps), None
+    # qwen-omni-utils' readers index frames: torchcodec's num_frames / decord's len() -- the stream's frame count
+    total = int(stream.frames or round(duration * native_fps))
+    idx, sample_fps = _qwen_indices(spec, total, native_fps, label)
+    first = float(stream.start_time * stream.time_base) if stream.start_time is not None and stream.time_base else 0.0
+    height, width = spec.qwen.frame_size(stream.codec_context.height, stream.codec_context.width, len(idx))
+    targets = first + np.asarray(idx, dtype=np.float64) / native_fps  # frame k shows at first + k / fps
+    return stream, native_fps, duration, start, end, targets, _QwenPick(height, width, sample_fps)
+
+
+def _qwen_indices(spec: VideoSampling, total_frames: int, video_fps: float, label: str) -> tuple[list[int], float]:
+    rule: QwenVideoRule = spec.qwen  # type: ignore[assignment]
+    try:
+        return rule.frame_indices(total_frames, video_fps, spec.fps, spec.min_frames, spec.max_frames,
+                                  spec.start_s if spec.start_s > 0 else None, spec.end_s)
+    except ValueError as exc:
+        raise MediaError(label, f"qwen frame rule: {exc}") from exc
 
 
 def _stream_duration(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> float | None:
@@ -159,11 +218,13 @@ def _start_at(container, stream, start: float) -> None:
         container.seek(int(start / stream.time_base), stream=stream, backward=True, any_frame=False)
 
 
-def _pick_frames_seeking(container, stream, targets: np.ndarray, start: float, max_pixels: int, *, reopen=None):
+def _pick_frames_seeking(container, stream, targets: np.ndarray, start: float, max_pixels: int, *, reopen=None,
+                         convert=None):
     """The sequential decoder's picks, decoded by the plan of :mod:`relax_gym.omni.seek` (seeking to the groups of
     pictures that hold them, or one run from the start when they are denser than the keyframes; with ``reopen``,
     which opens the file again, the runs are shared among threads); None where no exact plan can be made or the
-    stream did not behave as planned: the caller then decodes sequentially, from a freshly opened container."""
+    stream did not behave as planned: the caller then decodes sequentially, from a freshly opened container.
+    ``convert`` (a decoded frame → RGB array) replaces the default conversion to the ``max_pixels`` size."""
     _start_at(container, stream, start)
     index = _seek.scan_packets(container, stream)
     if index is None:
@@ -171,11 +232,12 @@ def _pick_frames_seeking(container, stream, targets: np.ndarray, start: float, m
     plan = _seek.plan_seek(index, targets, _frame_interval(stream))
     if plan is None:
         return None
-    # Every kept frame has the stream's size (decode_planned checks it), which the sequential decoder sizes all by.
-    width, height = fit_pixels(stream.codec_context.width, stream.codec_context.height, max_pixels)
+    if convert is None:
+        # Every kept frame has the stream's size (decode_planned checks it), which the sequential decoder sizes all by.
+        width, height = fit_pixels(stream.codec_context.width, stream.codec_context.height, max_pixels)
 
-    def convert(frame) -> np.ndarray:
-        return _to_rgb(frame, width, height)
+        def convert(frame) -> np.ndarray:
+            return _to_rgb(frame, width, height)
 
     return _seek.decode_planned(container, stream, index, plan, convert, reopen=reopen)
 
@@ -198,7 +260,8 @@ def _to_rgb(frame, width: int, height: int) -> np.ndarray:
     return frame.to_ndarray(format="rgb24", width=width, height=height, threads=1)
 
 
-def _pick_frames_linear(container, stream, targets: np.ndarray, start: float, max_pixels: int, label: str):
+def _pick_frames_linear(container, stream, targets: np.ndarray, start: float, max_pixels: int, label: str, *,
+                        convert=None):
     """Decode sequentially and give each target time the nearest frame. Ties (a target exactly between two frames,
     as when sampling at the native rate) go to the earlier frame, with a margin so float rounding cannot flip them
     and pick one frame twice while skipping its neighbour. This is the reference the seeking decoder must match,
@@ -220,7 +283,7 @@ def _pick_frames_linear(container, stream, targets: np.ndarray, start: float, ma
         picked = None
         while j < len(targets) and (targets[j] < t + dt * 0.5005 if dt else targets[j] <= t):
             if picked is None:
-                picked = _to_rgb(frame, size[0], size[1])
+                picked = convert(frame) if convert is not None else _to_rgb(frame, size[0], size[1])
             frames.append(picked)
             stamps.append(t)
             j += 1
@@ -246,6 +309,16 @@ def video_from_array(frames: np.ndarray, fps: float, spec: VideoSampling, *, nam
     end = duration if spec.end_s is None else min(spec.end_s, duration)
     if end <= start:
         raise MediaError(name, f"requested span [{spec.start_s}, {spec.end_s}) lies outside the video ({duration:.3f} s)")
+    if spec.qwen is not None:
+        idx, sample_fps = _qwen_indices(spec, frames.shape[0], fps, name)
+        height, width = spec.qwen.frame_size(frames.shape[1], frames.shape[2], len(idx))
+        return DecodedVideo(
+            frames=_readonly(resize_frames(frames[idx], height, width)),
+            timestamps=_readonly(np.asarray(idx, dtype=np.float64) / fps),
+            native_fps=fps,
+            duration_s=duration,
+            sample_fps=sample_fps,
+        )
     targets = sample_times(start, end, spec, fps)
     idx = np.clip(np.floor(targets * fps).astype(int), 0, frames.shape[0] - 1)
     w, h = fit_pixels(frames.shape[2], frames.shape[1], spec.max_pixels)
@@ -266,13 +339,25 @@ def decode_image(source: Path | bytes, spec: ImageSampling, *, name: str | None 
     try:
         with Image.open(_as_file(source)) as img:
             img.load()
-            rgb = img.convert("RGB")
+            rgb = to_rgb(img)
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise MediaError(label, f"cannot decode image: {exc}") from exc
     return _readonly(image_to_array(rgb, spec))
 
 
+def to_rgb(img: Image.Image) -> Image.Image:
+    """RGB as qwen-omni-utils' ``fetch_image`` makes it: an RGBA image is laid on white through its alpha (a bare
+    ``convert("RGB")`` would drop the alpha and show what the transparent pixels hide), other modes converted."""
+    if img.mode == "RGBA":
+        white = Image.new("RGB", img.size, (255, 255, 255))
+        white.paste(img, mask=img.split()[3])
+        return white
+    return img.convert("RGB")
+
+
 def image_to_array(img: Image.Image, spec: ImageSampling) -> np.ndarray:
+    if spec.max_pixels is None:
+        return np.asarray(img, dtype=np.uint8)
     w, h = fit_pixels(img.width, img.height, spec.max_pixels)
     if (w, h) != (img.width, img.height):
         img = img.resize((w, h), Image.Resampling.BICUBIC)
@@ -315,22 +400,24 @@ def audio_from_array(wave: np.ndarray, rate: float, spec: AudioSampling, *, name
     # Always a private copy: the result is cached read-only and must not alias the caller's array.
     try:
         wave = resample(wave, rate, spec.sample_rate) if rate != spec.sample_rate else np.array(wave, dtype=np.float32)
-    except (av.FFmpegError, ValueError) as exc:  # a rate libswresample refuses (a damaged header, say)
+    except (av.FFmpegError, ValueError) as exc:  # a rate the resampler refuses (a damaged header, say)
         raise MediaError(name, f"cannot resample audio from {rate} Hz to {spec.sample_rate} Hz: {exc}") from exc
     return DecodedAudio(waveform=_readonly(np.ascontiguousarray(wave, dtype=np.float32)), sample_rate=spec.sample_rate)
 
 
 def resample(wave: np.ndarray, rate: int, target: int) -> np.ndarray:
-    """Band-limited resampling of a mono float signal through libswresample (PyAV)."""
-    if len(wave) == 0:
-        return wave.astype(np.float32)
-    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(wave, dtype=np.float32).reshape(1, -1), format="flt", layout="mono")
-    frame.sample_rate = rate
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=target)
-    chunks = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
-    chunks += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    out = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-    return out.astype(np.float32, copy=False)
+    """Band-limited resampling of a mono float signal as qwen-omni-utils' ``librosa.load(sr=16000)`` does it:
+    ``librosa.resample(res_type="soxr_hq")``, i.e. soxr at its high quality, the result cut or zero-padded to
+    ``ceil(len * target / rate)`` samples (libswresample, which PyAV offers, differs from it by up to 2e-2 on
+    noisy signals)."""
+    wave = np.ascontiguousarray(wave, dtype=np.float32)
+    if len(wave) == 0 or rate == target:
+        return wave.copy()
+    import soxr
+
+    out = np.asarray(soxr.resample(wave, rate, target, quality="soxr_hq"), dtype=np.float32)
+    n = int(np.ceil(len(wave) * float(target) / rate))
+    return out[:n] if len(out) >= n else np.pad(out, (0, n - len(out)))
 
 
 def _read_soundfile(source: Path | bytes, label: str) -> tuple[np.ndarray, int]:
@@ -347,25 +434,31 @@ def _read_av_audio(source: Path | bytes, label: str, spec: AudioSampling) -> tup
             if not container.streams.audio:
                 raise MediaError(label, "no audio stream in file")
             stream = container.streams.audio[0]
-            # Resample inside the decode loop: constant memory per chunk, and the rate we hand back is known.
-            resampler = av.AudioResampler(format="fltp", layout=stream.layout.name, rate=spec.sample_rate)
+            # Decoded at the native rate and mixed down chunk by chunk (mono keeps the memory small); cut and
+            # resampled afterwards (audio_from_array), in the order librosa.load mixes, cuts and resamples.
+            rate = None
+            converter = None
             limit_s = (spec.end_s if spec.end_s is not None else math.inf)
             limit_s = min(limit_s, spec.start_s + spec.max_seconds)
             chunks: list[np.ndarray] = []
             for frame in container.decode(stream):
-                for out in resampler.resample(frame):
+                if converter is None:  # planar float at the stream's own rate and layout
+                    rate = frame.sample_rate
+                    converter = av.AudioResampler(format="fltp", layout=frame.layout.name, rate=rate)
+                for out in converter.resample(frame):
                     chunks.append(out.to_ndarray().mean(axis=0))  # (channels, n) planar -> mean mono
                 if frame.time is not None and frame.time > limit_s:
                     break
-            for out in resampler.resample(None):
-                chunks.append(out.to_ndarray().mean(axis=0))
+            if converter is not None:
+                for out in converter.resample(None):
+                    chunks.append(out.to_ndarray().mean(axis=0))
     except MediaError:
         raise
     except (av.FFmpegError, OSError, ValueError) as exc:
         raise MediaError(label, f"cannot decode audio: {exc}") from exc
-    if not chunks:
+    if not chunks or rate is None:
         raise MediaError(label, "audio stream holds no samples")
-    return np.concatenate(chunks).astype(np.float32, copy=False), spec.sample_rate
+    return np.concatenate(chunks).astype(np.float32, copy=False), rate
 
 
 # ---------------------------------------------------------------------------------------------- helpers

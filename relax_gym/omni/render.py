@@ -297,13 +297,24 @@ def _encode_segment(processor: Any, seg: str, loss: int, parts: Sequence[Any],
     return ids, mask, items
 
 
+#: Keys whose items may differ in their last axis: audio features of clips kept at their own length (Qwen3-Omni's
+#: processor pads to the longest clip, not to a fixed chunk). Shorter ones are padded with zeros at concatenation;
+#: their ``feature_attention_mask`` is 0 there, and the audio towers read only the frames the mask keeps.
+PAD_LAST_AXIS = ("input_features", "feature_attention_mask")
+
+
 def concat_media(items: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Per-key ``torch.cat`` along the first axis (keys in first-seen order): media tensors of several items, in
-    the order the model consumes them."""
+    the order the model consumes them (the keys of :data:`PAD_LAST_AXIS` padded to their longest last axis)."""
     grouped: dict[str, list[torch.Tensor]] = {}
     for item in items:
         for key, tensor in item.items():
             grouped.setdefault(key, []).append(tensor)
+    for key in PAD_LAST_AXIS:
+        tensors = grouped.get(key)
+        if tensors and len({t.shape[-1] for t in tensors}) > 1:
+            width = max(t.shape[-1] for t in tensors)
+            grouped[key] = [torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in tensors]
     return {k: v[0] if len(v) == 1 else torch.cat(v, dim=0) for k, v in grouped.items()}
 
 

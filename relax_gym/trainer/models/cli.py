@@ -82,3 +82,18 @@ def model_sizes(
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise _fail(str(exc).strip("'\"")) from None
     typer.echo(format_report(report))
+
+
+@model_app.command("check")
+def model_check(
+    directory: Annotated[Path, typer.Argument(help="a checkpoint directory")],
+    load: Annotated[bool, typer.Option("--load", help="also load the weights (CPU), not only their headers")] = False,
+) -> None:
+    """What a checkpoint directory holds (architecture, widths, dtype, tokenizer, template, media limits) and whether
+    it loads; exit 1 with one line naming the file and field when it does not."""
+    from relax_gym.trainer.models.check import check_directory, format_check
+
+    report = check_directory(directory, load=load)
+    typer.echo(format_check(report))
+    if not report.ok:
+        raise typer.Exit(1)

@@ -6,13 +6,25 @@ do not learn from the library's 0.02), the multimodal rope sections sized to the
 wired to the tokenizer's, and a generation config whose pad / eos are ours, bos None, and whose
 ``suppress_tokens`` keep the policy from sampling media placeholders (a sampled ``<|IMAGE|>`` breaks the next
 forward: "features and tokens do not match"). With ``path`` set it loads a checkpoint directory instead, with the
-same code: a thinker saved by ``save_policy`` / ``save_pretrained``, or a full Qwen2.5-Omni checkpoint (the thinker's
-weights are taken, talker and vocoder skipped), and its processor (:class:`OmniProcessor`).
+same code: a thinker saved by ``save_policy`` / ``save_pretrained``, or a full Qwen2.5-Omni / Qwen3-Omni checkpoint
+(the thinker's config and weights are taken, talker and vocoder skipped and said once in the log), and its processor
+(:class:`OmniProcessor`: the checkpoint's tokenizer, chat template and media limits).
+
+A directory is checked before transformers sees it (:mod:`~relax_gym.trainer.policy.checkpoint_files`): a missing
+file, a shard the index names but the directory lacks, a config whose vocabulary, widths or depth do not match the
+weights, a tensor the config describes but no file holds (transformers would initialise it at random), a tokenizer
+without the media tokens or larger than the embedding — each is one :class:`CheckpointDirError` line naming the file
+and the field.
+
+``model.dtype: auto`` (the default) keeps the checkpoint's dtype (``torch_dtype`` of its config.json, else its
+weights'; float32 for the tiny random thinker), so a bf16 checkpoint trains, and is saved back, in bf16;
+``float32`` / ``bfloat16`` / ``float16`` cast on load. ``save_policy`` writes the weights in the dtype the model
+holds and the processor files in the published formats (:meth:`OmniProcessor.save_pretrained`).
 """
 
 from __future__ import annotations
 
-import json
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,16 +32,33 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers import GenerationConfig, Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration, WhisperFeatureExtractor
 
+from relax_gym.trainer.policy.checkpoint_files import (
+    PREPROCESSOR_FILE,
+    CheckpointDir,
+    CheckpointDirError,
+    MissingCheckpointFile,
+    check_processor,
+    check_tokenizer,
+    check_tokenizer_files,
+    check_weights,
+    checkpoint_dtype,
+    read_checkpoint_dir,
+    read_json,
+    thinker_config as checkpoint_thinker_config,
+)
 from relax_gym.trainer.policy.moe import MoEThinker, moe_thinker_config
-from relax_gym.trainer.policy.processor import OmniProcessor
+from relax_gym.trainer.policy.processor import VIDEO_PREPROCESSOR_CONFIG, OmniProcessor
 from relax_gym.trainer.policy.tiny_sizes import audio_sizes, text_sizes, vision_sizes
 from relax_gym.trainer.policy.tokenizer import DEFAULT_VOCAB_SIZE, build_tokenizer
 
-__all__ = ["PolicyConfig", "build_policy", "mrope_sections", "save_policy", "thinker_config"]
+__all__ = ["CheckpointDirError", "PolicyConfig", "build_policy", "load_processor", "mrope_sections", "save_policy", "thinker_config"]
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 THINKER_CLASSES = {"qwen2_5_omni": Qwen2_5OmniThinkerForConditionalGeneration, "qwen3_omni_moe": MoEThinker}
-CHECKPOINT_TYPES = {"qwen2_5_omni": "qwen2_5_omni_thinker", "qwen3_omni_moe": "qwen3_omni_moe_thinker"}
+AUDIO_TOKEN_RULE = {"qwen2_5_omni": "qwen2_5_omni", "qwen3_omni_moe": "qwen3_omni"}
+_announced: set[str] = set()  # checkpoint directories whose skipped parts were logged (once per process)
 
 
 class PolicyConfig(BaseModel):
@@ -39,11 +68,14 @@ class PolicyConfig(BaseModel):
 
     # qwen2_5_omni: dense Qwen2.5-Omni thinker; qwen3_omni_moe: Qwen3-Omni MoE thinker (policy/moe.py, routing replay)
     family: Literal["qwen2_5_omni", "qwen3_omni_moe"] = "qwen2_5_omni"
-    path: str | None = None  # a checkpoint directory (thinker or full Qwen2.5-Omni) with its processor files
+    # a checkpoint directory (thinker or full Qwen-Omni) with its processor files; its model_type must be this family's
+    # (a qwen3_omni_moe directory needs family qwen3_omni_moe: the family also picks routing replay and conversion)
+    path: str | None = None
     # a named base (relax_gym/trainer/base/spec.py): the run starts from that base, built into the cache on first use
     # with this section's sizes (the trainer turns it into ``path`` before anything loads the policy)
     base: str | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # auto: the checkpoint's own dtype (config.json torch_dtype, else its weights'); float32 for the tiny random thinker
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int = 0  # weight init seed (random thinker only)
     init_range: float = Field(default=0.1, gt=0)
     # text decoder
@@ -98,7 +130,13 @@ class PolicyConfig(BaseModel):
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        """The dtype the policy is built or loaded in (``auto``: the checkpoint's, as
+        :func:`~relax_gym.trainer.policy.checkpoint_files.checkpoint_dtype` reads it; float32 without a checkpoint)."""
+        if self.dtype != "auto":
+            return DTYPES[self.dtype]
+        if self.path is None:
+            return torch.float32
+        return DTYPES.get(checkpoint_dtype(self.path), torch.float32)
 
 
 def mrope_sections(head_dim: int) -> list[int]:
@@ -194,41 +232,101 @@ def build_policy(cfg: PolicyConfig | None = None, **overrides: Any) -> tuple[Qwe
 
 
 def _load(cfg: PolicyConfig) -> tuple[Qwen2_5OmniThinkerForConditionalGeneration, OmniProcessor]:
-    path = Path(cfg.path)  # type: ignore[arg-type]
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"no config.json in {path}: not a model checkpoint directory")
-    model_type = json.loads(config_file.read_text()).get("model_type")
-    processor = OmniProcessor.from_pretrained(path)
-    kwargs: dict[str, Any] = {"dtype": cfg.torch_dtype}
-    if model_type == "qwen2_5_omni" and cfg.family == "qwen2_5_omni":  # the full model: keep the thinker's weights only
-        from transformers import Qwen2_5OmniConfig
-
-        kwargs["config"] = Qwen2_5OmniConfig.from_pretrained(str(path)).thinker_config
+    """Check the directory (files, config against weights, tokenizer, processor), then load the thinker."""
+    d = read_checkpoint_dir(cfg.path, cfg.family)  # type: ignore[arg-type]
+    config = checkpoint_thinker_config(d)
+    check_weights(d, config)
+    processor = load_processor(d, config)
+    dtype = _load_dtype(cfg, d)
+    _announce_skipped(d)
+    kwargs: dict[str, Any] = {"config": config, "dtype": dtype, "output_loading_info": True}
+    if d.full:  # the full model: the thinker's tensors carry the thinker. prefix
         kwargs["key_mapping"] = {r"^thinker\.": ""}
-    elif model_type != CHECKPOINT_TYPES[cfg.family]:
-        raise ValueError(f"{path} holds a {model_type!r} model; family {cfg.family!r} loads {CHECKPOINT_TYPES[cfg.family]!r} checkpoints")
-    model = THINKER_CLASSES[cfg.family].from_pretrained(str(path), **kwargs)
+    model, info = THINKER_CLASSES[cfg.family].from_pretrained(str(d.path), **kwargs)
+    missing = sorted(set(info.get("missing_keys") or ()) - {n for n, _ in model.named_buffers()})
+    if missing:  # check_weights saw every tensor: this is a guard against a transformers rename it does not know
+        raise CheckpointDirError(f"{d.path}: transformers loaded no tensor for {len(missing)} parameter(s), e.g. "
+                                 f"{missing[0]}; they would be random")
     if getattr(model.config, "vision_start_token_id", None) is None:
         _wire_token_ids(model.config, processor)
-    if model.config.get_text_config().vocab_size < len(processor.tokenizer):
-        raise ValueError(f"the tokenizer ({len(processor.tokenizer)} tokens) is larger than the model's vocabulary")
+    model.generation_config = _loaded_generation_config(d.path, processor)
+    model.eval()
+    return model, processor
+
+
+def load_processor(d: CheckpointDir, config: Any) -> OmniProcessor:
+    """The checkpoint's :class:`OmniProcessor` (tokenizer, chat template, media limits), checked against the model:
+    tokenizer files present, no token beyond the embedding, media tokens with the config's ids, patch and mel sizes
+    as the towers'. Raises :class:`CheckpointDirError` naming the file."""
+    from transformers import AutoTokenizer
+
+    check_tokenizer_files(d.path)
+    if not (d.path / PREPROCESSOR_FILE).is_file():
+        raise MissingCheckpointFile(f"{d.path / PREPROCESSOR_FILE}: missing: the image and audio settings (patch "
+                                    "size, min / max pixels, mel bins) are not known")
+    for name in (PREPROCESSOR_FILE, VIDEO_PREPROCESSOR_CONFIG):
+        if (d.path / name).is_file():
+            read_json(d.path / name)  # a syntax error names its file, line and column
+    try:
+        # config= spares AutoTokenizer building the full Omni config (whose talker part makes transformers warn)
+        tokenizer = AutoTokenizer.from_pretrained(str(d.path), config=config)
+    except Exception as exc:  # a corrupt or foreign tokenizer file: name it instead of a transformers traceback
+        name = "tokenizer.json" if (d.path / "tokenizer.json").is_file() else "vocab.json"
+        raise CheckpointDirError(f"{d.path / name}: transformers' AutoTokenizer cannot read the tokenizer "
+                                 f"({type(exc).__name__}: {str(exc)[:200]})".replace("\n", " ")) from exc
+    check_tokenizer(d, config, tokenizer)
+    try:
+        processor = OmniProcessor.from_pretrained(d.path, tokenizer=tokenizer,
+                                                  audio_token_rule=AUDIO_TOKEN_RULE[d.family.name])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CheckpointDirError(f"{d.path / PREPROCESSOR_FILE}: the processor cannot be built from it "
+                                 f"({type(exc).__name__}: {str(exc)[:200]})".replace("\n", " ")) from exc
+    check_processor(d, config, processor)
+    return processor
+
+
+def _load_dtype(cfg: PolicyConfig, d: CheckpointDir) -> torch.dtype:
+    """``model.dtype``, or for ``auto`` the checkpoint's (as :func:`checkpoint_dtype` decides it; float64 -> float32)."""
+    stored = d.config_dtype or d.weights_dtype or "float32"
+    if cfg.dtype == "auto":
+        return DTYPES.get(stored, torch.float32)
+    if cfg.dtype != stored:
+        log.info("%s is stored in %s; model.dtype=%s casts it on load (and checkpoints of this run are written in %s; "
+                 "model.dtype=auto keeps %s)", d.path, stored, cfg.dtype, cfg.dtype, stored)
+    return DTYPES[cfg.dtype]
+
+
+def _announce_skipped(d: CheckpointDir) -> None:
+    """Say once per process and directory which parts of a full checkpoint are not loaded."""
+    key = str(d.path.resolve())
+    if not d.full or key in _announced:
+        return
+    _announced.add(key)
+    parts = sorted(set(d.family.other_parts) | set(d.skipped))
+    skipped = ", ".join(f"{p} ({d.skipped.get(p, 0)} tensors)" for p in parts)
+    log.warning("%s: a full %s checkpoint; loading its thinker (%d tensors) and skipping %s", d.path,
+                d.family.full_type, len(d.thinker), skipped)
+
+
+def _loaded_generation_config(path: Path, processor: OmniProcessor) -> GenerationConfig:
+    """The checkpoint's generation config (sampling defaults, eos ids) with our pad, no bos, and the control tokens
+    suppressed; ours when it has none."""
     generation = _generation_config(processor)
-    saved = path / "generation_config.json"
-    if saved.is_file():
+    if (path / "generation_config.json").is_file():
         generation = GenerationConfig.from_pretrained(str(path))
         generation.pad_token_id = processor.pad_token_id
         generation.eos_token_id = generation.eos_token_id if generation.eos_token_id is not None else processor.eos_token_id
         generation.bos_token_id = None
         generation.suppress_tokens = sorted(set(generation.suppress_tokens or []) | set(processor.control_token_ids))
-    model.generation_config = generation
-    model.eval()
-    return model, processor
+    return generation
 
 
 def save_policy(model: Qwen2_5OmniThinkerForConditionalGeneration, processor: OmniProcessor, directory: str | Path) -> Path:
     """Write model (config, weights, generation config) and processor to ``directory``; ``build_policy(
-    PolicyConfig(path=directory))`` loads them back."""
+    PolicyConfig(path=directory))`` loads them back, and so do transformers' thinker class, ``AutoTokenizer`` and
+    the official image processor / feature extractor. The weights keep the dtype the model holds (a bf16 checkpoint
+    loaded with ``model.dtype: auto`` is written back in bf16); the layout is the thinker's own (``config.json`` of
+    the thinker, tensors without the ``thinker.`` prefix), as ``save_pretrained`` writes it."""
     path = Path(directory)
     model.save_pretrained(str(path))
     processor.save_pretrained(path)

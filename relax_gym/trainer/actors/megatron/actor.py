@@ -66,6 +66,12 @@ class MegatronActor(HFActor):
             with torch.device("meta"):  # names and config only, no memory
                 self._template = type(model)(model.config)
             self._template.generation_config = model.generation_config
+            # the renames transformers applied when it loaded ``model`` (from a full Omni checkpoint: the ``thinker.``
+            # prefix): the template then names the weights as the checkpoint does (``checkpoint_names``, what DCS
+            # pushes send), as the engines that loaded the same files expect; a template built from the config alone
+            # would send ``audio_tower.*`` where they know ``thinker.audio_tower.*``
+            if getattr(model, "_weight_conversions", None) is not None:
+                self._template._weight_conversions = model._weight_conversions
             to_megatron(model, device=self.device, tensor_parallel=parallel.tensor,
                         pipeline_parallel=parallel.pipeline, context_parallel=parallel.context,
                         expert_parallel=parallel.expert)

@@ -28,11 +28,12 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 from relax_gym.trainer.actors.megatron.convert import DecoderShape, hf_to_megatron, megatron_to_hf
 from relax_gym.trainer.actors.megatron.shard import full_decoder_state, local_decoder_state, padded_vocab
 
-__all__ = ["MegatronLanguageModel", "MegatronLMHead", "build_gpt", "gpt_of", "hf_state_dict", "is_megatron",
-           "load_hf_state_dict", "to_megatron", "transformer_config"]
+__all__ = ["MegatronLanguageModel", "MegatronLMHead", "build_gpt", "gather_hf_decoder", "gpt_of", "hf_state_dict",
+           "is_megatron", "load_hf_decoder", "load_hf_state_dict", "to_megatron", "transformer_config"]
 
 DECODER_PREFIX = "model.language_model."  # the thinker's text decoder, in its state_dict
 HEAD = "lm_head.weight"
+_GPT_PARTS = ("embedding.", "decoder.", "output_layer.", "rotary_pos_emb.")  # GPTModel state-dict names
 _HF_ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu}
 
 
@@ -137,7 +138,20 @@ def build_gpt(text_config: Any, **kwargs: Any) -> Any:
     if qwen3_omni.interleaved_mrope(text_config):
         gpt.rotary_pos_emb = qwen3_omni.InterleavedMRope(config.kv_channels, float(rope.get("rope_theta", 10_000)))
     _mark_tensor_parallel(gpt)
+    _params_in_dtype(gpt, config.params_dtype)
     return gpt
+
+
+def _params_in_dtype(gpt: nn.Module, dtype: torch.dtype) -> None:
+    """Every parameter of ``gpt`` in ``dtype``. Without Apex or Transformer Engine (any CPU install) megatron-core's
+    local spec makes its norms with ``torch.nn.RMSNorm``, whose weight is in torch's default dtype (float32)
+    whatever ``params_dtype`` says; Megatron-LM casts the whole model to bf16 (``Float16Module``). Left as they
+    were, a bf16 thinker's norms would come back from the conversion as float32 tensors, and go out so in its
+    state dict, checkpoints and weight pushes. Cast in place (``.data``): the parameters keep their
+    tensor-parallel marks."""
+    for param in gpt.parameters():
+        if param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
 
 
 def _mark_tensor_parallel(gpt: nn.Module) -> None:
@@ -256,9 +270,8 @@ def to_megatron(thinker: nn.Module, *, device: torch.device | str = "cpu", **kwa
     dtype = next(thinker.parameters()).dtype
     hf_state = thinker.state_dict()
     gpt = build_gpt(text_config, dtype=dtype, **kwargs)
-    _load_decoder(gpt, local_decoder_state(_decoder_to_megatron(hf_state, text_config), gpt))
+    load_hf_decoder(gpt, hf_state, text_config)
     thinker._hf_keys = tuple(hf_state)  # the HF state dict's names, in order
-    thinker._tower_keys = frozenset(k for k in hf_state if not k.startswith((DECODER_PREFIX, "lm_head.")))
     thinker.model.language_model = _language_model_class(text_config)(gpt, text_config)
     thinker.lm_head = MegatronLMHead(gpt, int(text_config.vocab_size))
     if not gpt.pre_process:  # a later pipeline stage: the towers and their merge live on the first one
@@ -295,6 +308,24 @@ def _language_model_class(text_config: Any) -> type[MegatronLanguageModel]:
 # -- end family switch --
 
 
+def load_hf_decoder(gpt: nn.Module, state: Mapping[str, torch.Tensor], text_config: Any) -> None:
+    """This rank's part of the text decoder and head, cut from ``state`` (a whole HF thinker state dict: every
+    layer, every expert, the unpadded vocabulary), copied into ``gpt``. The one way HF weights enter a ``GPTModel``
+    (:func:`to_megatron`, :func:`load_hf_state_dict`); on its own it lets the conversion be checked from state dicts
+    at real widths without building the HF thinker (tests/trainer/test_real_width_megatron.py)."""
+    _load_decoder(gpt, local_decoder_state(_decoder_to_megatron(state, text_config), gpt))
+
+
+def gather_hf_decoder(gpt: nn.Module, text_config: Any,
+                      extra: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The whole text decoder and head under HF names, gathered from every tensor, pipeline and expert rank (a
+    collective: every rank calls it; each gets the whole); ``extra`` (this rank's tower tensors) is gathered with it
+    and comes back under its own names. The one way weights leave a ``GPTModel`` (:func:`hf_state_dict`)."""
+    whole = full_decoder_state(gpt, int(text_config.vocab_size), extra=extra)
+    towers = {k: v for k, v in whole.items() if not k.startswith(_GPT_PARTS)}  # every stage's extra
+    return {**towers, **_decoder_to_hf(whole, text_config)}
+
+
 def _load_decoder(gpt: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     own = gpt.state_dict()
     missing = [k for k in own if not k.endswith("_extra_state") and k not in state]
@@ -318,9 +349,7 @@ def hf_state_dict(thinker: nn.Module) -> dict[str, torch.Tensor]:
     every rank of the group calls, each one getting the whole."""
     gpt = gpt_of(thinker)
     text_config = thinker.config.get_text_config()
-    whole = full_decoder_state(gpt, int(text_config.vocab_size), extra=_towers(thinker))
-    towers = {k: whole.pop(k) for k in thinker._tower_keys}
-    merged = {**towers, **_decoder_to_hf(whole, text_config)}
+    merged = gather_hf_decoder(gpt, text_config, extra=_towers(thinker))
     return {k: merged[k].detach() for k in thinker._hf_keys}
 
 
@@ -330,7 +359,7 @@ def load_hf_state_dict(thinker: nn.Module, state: Mapping[str, torch.Tensor]) ->
     if missing:
         raise KeyError(f"HF state dict lacks {len(missing)} thinker tensor(s): {missing[:4]}")
     gpt = gpt_of(thinker)
-    _load_decoder(gpt, local_decoder_state(_decoder_to_megatron(state, thinker.config.get_text_config()), gpt))
+    load_hf_decoder(gpt, state, thinker.config.get_text_config())
     own = thinker.state_dict()
     with torch.no_grad():
         for name in _towers(thinker):
