@@ -35,6 +35,7 @@ it is librosa's first load (it imports scipy.signal) and Qwen2.5-Omni's audio fe
 from __future__ import annotations
 
 import contextlib
+import json
 import enum
 import importlib
 import sys
@@ -713,3 +714,52 @@ def test_tiny_thinker_runs_audio_in_video(model, processor, media):
     with torch.no_grad():
         logits = model(**batch).logits
     assert torch.isfinite(logits).all() and logits.shape[1] == len(rendered.input_ids)
+
+
+# ============================================================================================== logits at real width
+
+LOGITS_ATOL = 1e-5  # fp32; the same inputs give the same logits, so any gap is an input that differs
+
+
+def test_logits_at_real_width_equal_the_official_path(official, media, standin_3b):
+    """One fp32 forward of the Qwen2.5-Omni-3B stand-in (real widths, loaded through ``model.path`` with its own
+    tokenizer, template and preprocessor limits) on a video + image + audio conversation: rendered by us vs by
+    qwen-omni-utils + ``Qwen2_5OmniProcessor`` built from the same directory's files. The inputs are identical and
+    the logits within ``LOGITS_ATOL`` (measured: 0)."""
+    import gc
+
+    import transformers
+
+    from relax_gym.trainer.policy.model import PolicyConfig, build_policy
+
+    model, ours = build_policy(PolicyConfig(path=str(standin_3b), dtype="float32"))
+    assert model.get_input_embeddings().weight.shape == (151936, 2048)
+    pre = json.loads((standin_3b / "preprocessor_config.json").read_text())
+    size = transformers.Qwen2_5OmniProcessor.videos_kwargs["size"]
+    official_processor = transformers.Qwen2_5OmniProcessor(
+        image_processor=Qwen2VLImageProcessorPil(**{k: pre[k] for k in IMAGE_KEYS}),
+        video_processor=official.video.Qwen2VLVideoProcessor(
+            patch_size=pre["patch_size"], temporal_patch_size=pre["temporal_patch_size"], merge_size=pre["merge_size"],
+            image_mean=pre["image_mean"], image_std=pre["image_std"], min_pixels=size["shortest_edge"],
+            max_pixels=size["longest_edge"]),
+        feature_extractor=WhisperFeatureExtractor(**{k: pre[k] for k in AUDIO_KEYS}),
+        tokenizer=transformers.AutoTokenizer.from_pretrained(str(standin_3b)),
+        chat_template=json.loads((standin_3b / "chat_template.json").read_text())["chat_template"])
+    fam = Family("qwen2.5-omni-3b", ours, official_processor, None, pre["patch_size"])
+    messages, dicts = _conversation([("user", [("video", media.clip), ("image", media.image), "Which way?",
+                                               ("audio", media.tone)])], fam.patch)
+    theirs = _official_call(fam, official, dicts)
+    rendered = render(messages, ours, cache=None)
+    batch = ours.collate([rendered], padding_side="left")
+    batch.pop("loss_mask")
+    assert batch["input_ids"].tolist() == theirs["input_ids"].tolist()
+    for key in rendered.mm:
+        assert torch.equal(batch[key], theirs[key]), key
+    with torch.no_grad():
+        mine = model(**batch).logits
+        official_logits = model(**{k: v for k, v in theirs.items()}).logits
+    gap = (mine - official_logits).abs().max().item()
+    assert mine.shape == (1, len(rendered.input_ids), 151936) and torch.isfinite(mine).all()
+    assert gap <= LOGITS_ATOL, gap
+    del model, mine, official_logits
+    gc.collect()
