@@ -162,8 +162,15 @@ class HFActor:
             self._forward_backward([items[i] for i in mine], 1.0, loss_of)
         self._reduce_gradients()
         grad_norm = self._clip_gradients()
-        self.optimizer.step()
+        self._step_and_free_gradients()
         return {"sft_nll": self._sum_over_data({"sft_nll": nll[0]})["sft_nll"], "grad_norm": float(grad_norm)}
+
+    def _step_and_free_gradients(self) -> None:
+        """The optimiser step, then the gradients freed: they are spent, and held until the next step's start they
+        would sit beside everything between two steps -- the weight push's copy, the evaluation, the checkpoint --
+        a whole policy's worth of memory (1.6 GB for the 0.8 B-parameter thinker of Qwen2.5-Omni-3B in bf16)."""
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     # -- what a sharded actor changes (actors/megatron/rank_actor.py); one process does nothing here ----------------
 
@@ -281,7 +288,7 @@ class HFActor:
                     p.grad.div_(self._stream_weight)
         self._reduce_gradients()
         grad_norm = self._clip_gradients()
-        self.optimizer.step()
+        self._step_and_free_gradients()
         metrics = {k: v / self._stream_live for k, v in self._sum_over_data(self._stream_totals).items()}
         metrics["grad_norm"] = float(grad_norm)
         metrics["samples_forwarded"] = float(self._stream_forwarded)

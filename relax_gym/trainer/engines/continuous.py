@@ -112,20 +112,19 @@ class ContinuousBatch:
         batch = {k: v.to(device) for k, v in batch.items()}
         with torch.inference_mode():
             if plan is None:
-                out = self.model(**batch, use_cache=True)
-                cache, mask = _cache_of(out), batch["attention_mask"]
+                last, cache = self._forward_last(**batch, use_cache=True)
+                mask = batch["attention_mask"]
                 deltas = self._deltas(len(pending))  # the prefill set them (one row per request)
             else:  # the distinct prompts over all tokens but the last, spread to their rows; then the last token
                 inputs = prefill(self.model, batch, plan.index)
                 cache, mask = inputs["cache"], inputs["attention_mask"]
                 deltas = self._deltas(len(pending))
                 positions = [int(n) - 1 for n in mask.sum(-1).tolist()]
-                out = self.model(input_ids=inputs["input_ids"][:, -1:], attention_mask=mask, cache=cache,
-                                 position_ids=self._position_ids(positions, deltas), use_cache=True)
-                cache = _cache_of(out)
+                last, cache = self._forward_last(input_ids=inputs["input_ids"][:, -1:], attention_mask=mask, cache=cache,
+                                                 position_ids=self._position_ids(positions, deltas), use_cache=True)
                 self.engine._count("shared_prefill_rows", plan.saved_rows)
         new = [_Row(p, version, position=len(p.input_ids), delta=d) for p, d in zip(pending, deltas)]
-        keep = self._sample(new, out.logits[:, -1, :])
+        keep = self._sample(new, last)
         if not keep:
             return
         index = torch.tensor(keep, dtype=torch.long, device=device)
@@ -174,13 +173,13 @@ class ContinuousBatch:
         ids = torch.tensor([p.input_ids[n:]], dtype=torch.long, device=device)
         pos = torch.arange(n, total, dtype=torch.long, device=device).view(1, -1) + entry.delta
         with torch.inference_mode():
-            out = self.model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True,
-                             position_ids=pos.unsqueeze(0).expand(3, -1, -1) if self.mrope else pos)
+            last, cache = self._forward_last(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True,
+                                             position_ids=pos.unsqueeze(0).expand(3, -1, -1) if self.mrope else pos)
         self.engine._count("prefix_cache_hits", 1)
         self.engine._count("prefix_cached_tokens", n)
         row = _Row(p, version, position=total, delta=entry.delta)
-        if self._sample([row], out.logits[:, -1, :]):
-            self._join([row], _cache_of(out), mask)
+        if self._sample([row], last):
+            self._join([row], cache, mask)
 
     def _stash(self, ended: list[int]) -> None:
         """Keep the KV of the rows that just ended (the real tokens of each are the cache's last ``position``
@@ -194,6 +193,20 @@ class ContinuousBatch:
             layers = tuple((layer.keys[i:i + 1, :, -r.position:].clone(), layer.values[i:i + 1, :, -r.position:].clone())
                            for layer in self.cache.layers)
             self.prefix.put(PrefixEntry(ids, layers, r.delta, r.p.mm, r.version))
+
+    def _forward_last(self, **inputs: Any) -> tuple[torch.Tensor, Any]:
+        """``(logits of each row's last position (B, V), KV cache)`` of one forward of ``inputs``: all the sampler
+        reads. The head runs on the last position only when the model exposes its body and head (``model.model`` /
+        ``model.lm_head``, as transformers' causal LMs do; the thinker's own forward is exactly the two): its
+        forward would compute the logits of every prompt token -- tokens x vocabulary per row, at Qwen's 151,936
+        tokens 0.3 MB per token in bf16, 12 GB for 64 prompts of 650 tokens (an eval batch of NExT-QA clips) -- to
+        keep one row of them."""
+        head = getattr(self.model, "lm_head", None)
+        if head is None or self.body is self.model:
+            out = self.model(**inputs)
+            return out.logits[:, -1, :], _cache_of(out)
+        out = self.body(**inputs)
+        return head(out[0][:, -1, :]), _cache_of(out)
 
     def _deltas(self, n: int) -> list[int]:
         deltas = getattr(self.body, "rope_deltas", None) if self.mrope else None

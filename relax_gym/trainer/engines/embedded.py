@@ -9,10 +9,12 @@ By default (``continuous=True``, every dense model) the batch is **continuous**
 two decoding steps, and a row that ends is answered and leaves at once -- on multi-turn workloads, where turns arrive
 one by one as tools return, this halved the time of an engine call (docs/benchmarks.md). An idle engine first
 gathers a wave of arrivals (up to ``max_batch``; the wave closes once ``batch_window_s`` passes without a new
-arrival, at most ``8 * batch_window_s`` after the first). With ``continuous=False`` (MoE policies, whose routing
-record is cut from one forward) each scheduler round is **static**: the wave is split into groups whose logits
-warpers are identical (greedy, or the same ``temperature`` / ``top_p`` / ``top_k`` / ``min_p``), each group is
-left-padded with the processor's ``collate`` and runs **one** ``model.generate``; a request that arrives meanwhile
+arrival, at most ``8 * batch_window_s`` after the first); a round prefills at most ``max_prefill_tokens`` tokens of
+distinct prompts (8,192: SGLang's chunked-prefill size), the rest of the wave waits for the next round. With
+``continuous=False`` (MoE policies, whose routing record is cut from one forward) each scheduler round is
+**static**: the wave is split into groups whose logits warpers are identical (greedy, or the same ``temperature`` /
+``top_p`` / ``top_k`` / ``min_p``), each group is left-padded with the processor's ``collate`` and runs **one**
+``model.generate``; a request that arrives meanwhile
 waits for the next round. In both, everything else is per request: ``max_new_tokens``, stop token ids, stop
 strings, ``ignore_eos``, ``skip_special_tokens``, ``no_stop_trim``, log-prob options. No paged KV cache; identical
 prompts of one wave are prefilled once (``shared_prefill``), and with continuous batching a request that continues
@@ -84,7 +86,7 @@ from relax_gym.omni.render import concat_media
 from relax_gym.trainer.engines.protocol import EngineRequest, FinishReason, GenerateReqInput, GenerateResponse, MetaInfo, SamplingParams
 from relax_gym.trainer.engines.validation import parse_request
 from relax_gym.trainer.engines.continuous import ContinuousBatch
-from relax_gym.trainer.engines.shared_prefill import plan_sharing, prefill
+from relax_gym.trainer.engines.shared_prefill import plan_sharing, prefill, prompt_key
 from relax_gym.trainer.policy.routers import RoutingRecorder, moe_routers
 from relax_gym.trainer.policy.routing import encode_routed_experts
 
@@ -112,9 +114,12 @@ class EmbeddedEngine(WeightUpdates):
     def __init__(self, model: Any, processor: Any, *, max_batch: int = 16, batch_window_s: float = 0.005,
                  weight_version: str = "0", model_path: str | None = None, decode_cache: Any = "default",
                  dist_timeout_s: float = 120.0, share_prefill: bool = True, weight_receiver: Any = None,
-                 continuous: bool | None = None, prefix_cache_tokens: int = 1 << 16) -> None:
+                 continuous: bool | None = None, prefix_cache_tokens: int = 1 << 16,
+                 max_prefill_tokens: int = 8192) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
         if batch_window_s < 0:
             raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
         from relax_gym.omni import default_cache
@@ -122,6 +127,7 @@ class EmbeddedEngine(WeightUpdates):
         self.model = model
         self.processor = processor
         self.max_batch = int(max_batch)
+        self.max_prefill_tokens = int(max_prefill_tokens)  # distinct prompt tokens one prefill takes (_take_locked)
         self.batch_window_s = float(batch_window_s)
         self.model_path = model_path
         self.dist_timeout_s = float(dist_timeout_s)
@@ -475,6 +481,28 @@ class EmbeddedEngine(WeightUpdates):
             self._cv.wait(deadline - now)
         return not self._closed and not self._paused and bool(self._queue)
 
+    def _take_locked(self, room: int) -> list[PendingRequest]:
+        """With the cv held: up to ``room`` queued requests, in arrival order, whose distinct prompts hold at most
+        ``max_prefill_tokens`` tokens together (always at least one); the rest wait for the next round (SGLang's
+        ``--max-prefill-tokens`` / ``--chunked-prefill-size``). A prefill's activations grow with its prompt tokens: at
+        Qwen2.5-Omni-3B's width a NExT-QA clip of 8 frames is ~650 tokens and ~90 MB of them (the vision tower's MLP
+        over its 2,304 patches, mostly), so a wave of 64 distinct eval prompts prefilled at once took 6 GB beside the
+        weights, 128 rollouts 12 GB; 8,192 tokens is ~1.1 GB. Identical prompts (a GRPO group: same ids, same media)
+        count once, as they are prefilled once (shared_prefill)."""
+        taken: list[PendingRequest] = []
+        seen: set[tuple] = set()
+        tokens = 0
+        while self._queue and len(taken) < room:
+            p = self._queue[0]
+            key = prompt_key(p.input_ids, p.mm)
+            cost = 0 if key in seen else len(p.input_ids)
+            if taken and tokens + cost > self.max_prefill_tokens:
+                break
+            taken.append(self._queue.popleft())
+            seen.add(key)
+            tokens += cost
+        return taken
+
     def _loop(self) -> None:
         if self._batch is not None:
             self._loop_continuous(self._batch)
@@ -489,7 +517,7 @@ class EmbeddedEngine(WeightUpdates):
                     if self._closed:
                         return
                     continue
-                batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+                batch = self._take_locked(self.max_batch)
                 self._running = True
                 self._abort_event = threading.Event()
                 abort = self._abort_event
@@ -520,7 +548,7 @@ class EmbeddedEngine(WeightUpdates):
                     if self._closed:
                         return
                     continue
-                admitted = [self._queue.popleft() for _ in range(min(self.max_batch - len(batch), len(self._queue)))]
+                admitted = self._take_locked(self.max_batch - len(batch))
                 self._running = True
                 self._abort_event = threading.Event()
                 abort = self._abort_event

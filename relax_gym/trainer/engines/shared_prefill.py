@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SharePlan", "continue_kwargs", "plan_sharing", "prefill", "same_media"]
+__all__ = ["SharePlan", "continue_kwargs", "plan_sharing", "prefill", "prompt_key", "same_media"]
 
 PER_TOKEN = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")  # (B, L): cut with the prompt
 
@@ -47,6 +47,11 @@ def _bucket_key(input_ids: Sequence[int], mm: Mapping[str, torch.Tensor]) -> tup
         digest = hashlib.blake2b(sample.view(torch.uint8).numpy().tobytes(), digest_size=8).digest() if sample.numel() else b""
         media.append((name, tuple(mm[name].shape), str(mm[name].dtype), digest))
     return (tuple(int(i) for i in input_ids), tuple(media))
+
+
+def prompt_key(input_ids: Sequence[int], mm: Mapping[str, torch.Tensor]) -> tuple:
+    """The cheap key equal prompts share (:func:`_bucket_key`): what the engine's prefill budget counts once."""
+    return _bucket_key(input_ids, mm)
 
 
 def same_media(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:

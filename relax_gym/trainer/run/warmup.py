@@ -14,6 +14,7 @@ the policy said.
 
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Iterator
 
@@ -122,6 +123,10 @@ def run_warmup(actor, env, processor, rng: np.random.Generator, trainer, *, lr: 
             thoughts = describe_warmup(env, describer, steps=trainer.sft_warmup_steps, batch_size=trainer.sft_batch_size)
         finally:
             describer.close()
+            # its frozen copy of the policy goes now, not when this function returns: the SFT steps below add the
+            # gradients and the optimizer's states beside the actor's (and the engine's) weights
+            del describer
+            gc.collect()
     batches = warmup_batches(env, processor, rng, steps=trainer.sft_warmup_steps, batch_size=trainer.sft_batch_size,
                              random_answers=trainer.sft_random_answers, thoughts=thoughts)
     actor.set_lr(trainer.sft_lr)

@@ -161,6 +161,10 @@ class ActorRole:
         t0 = time.perf_counter()
         async with self._push_lock:
             version = self.version + 1 if bump else self.version
+            # the previous push's copy goes before this one's is made (catch_up reads it under this lock only): one
+            # copy of the policy beside the actor's weights and optimizer, not two (a copy is 1.6 GB at
+            # Qwen2.5-Omni-3B's width). A failed push sets _fatal and the replica is replaced: nothing needs it then.
+            self._last_push = None
             state = {k: v.detach().cpu().clone() for k, v in self.actor.state_dict().items()}  # HF names
             try:
                 await self.weights.push(state, version)
