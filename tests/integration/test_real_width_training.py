@@ -176,14 +176,16 @@ def assert_step_trained(row: dict) -> None:
 
 
 def free_memory() -> None:
+    """Collect the trainer just closed (its model, engine copy and optimizer sit in reference cycles), so the next
+    run in this process does not start beside them."""
     gc.collect()
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
 
 
 # -- the tests ----------------------------------------------------------------------------------------------------
 
 
 def test_colocate_step_checkpoint_and_resume_at_real_width(standin_3b, probe, run_dir):
+    """One RL step in colocate mode, its checkpoint, and `--resume` from it (see the module docstring)."""
     from relax_gym.trainer.config import load_recipe
     from relax_gym.trainer.faults.schedule import InjectedCrash
     from relax_gym.trainer.train import build_trainer
@@ -201,7 +203,8 @@ def test_colocate_step_checkpoint_and_resume_at_real_width(standin_3b, probe, ru
         with pytest.raises(InjectedCrash):
             trainer.run()
         after = {k: v.detach().clone() for k, v in engine.state_dict().items() if k in watched}
-        assert {p.dtype for p in trainer.actor.model.parameters()} == {p.dtype for p in engine.parameters()} == {torch.bfloat16}
+        dtypes = {p.dtype for p in trainer.actor.model.parameters()}, {p.dtype for p in engine.parameters()}
+        assert dtypes == ({torch.bfloat16}, {torch.bfloat16}), dtypes
         assert trainer.version == 1
     finally:
         trainer.close()
@@ -232,7 +235,7 @@ def test_colocate_step_checkpoint_and_resume_at_real_width(standin_3b, probe, ru
         opt = trainer.actor.optimizer.state_dict()["state"]
         saved_opt = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True, mmap=True)["state"]
         assert opt.keys() == saved_opt.keys()
-        assert all(same_bits(opt[i][k], saved_opt[i][k]) for i in opt for k in opt[i]), "optimizer state != checkpoint's"
+        assert all(same_bits(opt[i][k], saved_opt[i][k]) for i in opt for k in opt[i]), "optimizer != checkpoint's"
         del opt, saved_opt
         summary = trainer.run()
         assert trainer.version == 2
@@ -253,6 +256,7 @@ def test_colocate_step_checkpoint_and_resume_at_real_width(standin_3b, probe, ru
 
 
 def test_async_step_at_real_width(ray_session, standin_3b, probe, run_dir):
+    """One RL step in async mode through `relax-gym train`: Ray Serve roles around the TransferQueue bus, S = 0."""
     args = ["train", str(RECIPE), f"model.path={standin_3b}", *small(probe[1]), "trainer.mode=async",
             "trainer.max_staleness=0", "roles.bus=transferqueue", "--run-dir", str(run_dir)]
     result = CliRunner().invoke(app, args)
@@ -286,7 +290,8 @@ def test_an_engine_wave_is_prefilled_in_rounds_of_max_prefill_tokens():
     prompts = [processor.encode_text(f"prompt number {i}, once more") for i in range(4)]
     n = len(prompts[0])
     assert all(len(p) == n for p in prompts)
-    body = {"input_ids": [prompts[0]] * 3 + prompts[1:], "sampling_params": [{"max_new_tokens": 3, "temperature": 0}] * 6}
+    greedy = {"max_new_tokens": 3, "temperature": 0}
+    body = {"input_ids": [prompts[0]] * 3 + prompts[1:], "sampling_params": [greedy] * 6}
     answers = {}
     for budget, rounds in ((2 * n, 2), (1 << 20, 1)):
         with EmbeddedEngine(model, processor, max_batch=8, max_prefill_tokens=budget) as engine:

@@ -120,8 +120,9 @@ class ContinuousBatch:
                 cache, mask = inputs["cache"], inputs["attention_mask"]
                 deltas = self._deltas(len(pending))
                 positions = [int(n) - 1 for n in mask.sum(-1).tolist()]
-                last, cache = self._forward_last(input_ids=inputs["input_ids"][:, -1:], attention_mask=mask, cache=cache,
-                                                 position_ids=self._position_ids(positions, deltas), use_cache=True)
+                last, cache = self._forward_last(input_ids=inputs["input_ids"][:, -1:], attention_mask=mask,
+                                                 cache=cache, position_ids=self._position_ids(positions, deltas),
+                                                 use_cache=True)
                 self.engine._count("shared_prefill_rows", plan.saved_rows)
         new = [_Row(p, version, position=len(p.input_ids), delta=d) for p, d in zip(pending, deltas)]
         keep = self._sample(new, last)
