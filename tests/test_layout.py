@@ -33,7 +33,8 @@ ALLOWED: dict[str, set[str]] = {
     "databus": set(),
     "policy": {"algorithms"},
     # published checkpoints: their files as data, stand-ins written in code, the directory check, sizes per rank
-    "models": {"policy", "algorithms"},
+    # (by the megatron backend's own sharding rules: actors/megatron/shard.py)
+    "models": {"policy", "algorithms", "actors"},
     "engines": {"policy", "algorithms"},
     "actors": {"policy", "algorithms"},
     "rollout": {"policy", "algorithms", "engines"},  # the episode runner speaks the engine's protocol

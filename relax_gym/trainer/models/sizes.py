@@ -54,12 +54,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+# the vocabulary padding of the megatron backend, the same function (shard.py imports only torch at module level)
+from relax_gym.trainer.actors.megatron.shard import VOCAB_MULTIPLE, padded_vocab
+
 __all__ = ["DTYPE_BYTES", "Counted", "Layout", "RankBytes", "SizeReport", "VOCAB_MULTIPLE", "classify",
            "closed_form", "count_thinker", "format_report", "kv_cache_bytes_per_token", "load_config",
            "measure_checkpoint", "padded_vocab", "predict_from_standin", "size_report", "TEXT_PARTS", "TRAINED_PARTS"]
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-VOCAB_MULTIPLE = 128  # Megatron-LM's make_vocab_size_divisible_by, as actors/megatron/shard.py pads (a test checks)
 INDEX_FILE = "model.safetensors.index.json"
 
 TEXT_PARTS = ("text.embedding", "text.lm_head", "text.attention", "text.mlp", "text.experts", "text.shared_experts",
@@ -404,12 +406,6 @@ def _audio_closed_form(a: Any, qwen3: bool) -> int:
 
 
 # -- a layout's ranks -----------------------------------------------------------------------------------------------
-
-def padded_vocab(vocab: int, tp: int = 1) -> int:
-    """``vocab`` rounded up to a multiple of 128 and of ``tp`` (``actors/megatron/shard.padded_vocab``)."""
-    multiple = math.lcm(VOCAB_MULTIPLE, tp)
-    return -(-vocab // multiple) * multiple
-
 
 @dataclass(frozen=True)
 class Layout:

@@ -178,12 +178,10 @@ def test_tied_head_counts_once_and_pp_copies_it() -> None:
     assert two.stages[1].params["text.lm_head"] == padded_vocab(151936) * 2048  # the last stage's copy of the table
 
 
-def test_padded_vocabulary_is_the_backends() -> None:
-    from relax_gym.trainer.actors.megatron.shard import padded_vocab as backend
-
-    for vocab in (151936, 152064, 1000, 8448):
-        for tp in (1, 2, 3, 4, 8):
-            assert padded_vocab(vocab, tp) == backend(vocab, tp)
+def test_padded_vocabulary_values() -> None:
+    """The report pads with the backend's own function (actors/megatron/shard.py): the figures it gives here."""
+    assert [padded_vocab(151936, tp) for tp in (1, 2, 3, 8)] == [151936, 151936, 152064, 151936]
+    assert padded_vocab(8448, 3) == 8448 and padded_vocab(1000) == 1024
 
 
 def test_kv_cache_heads_split_and_replicated() -> None:
