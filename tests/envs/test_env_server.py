@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import gymnasium
 import numpy as np
@@ -47,6 +47,16 @@ from relax_gym.omni import ImagePart, Message, TextPart, VideoPart
 from .test_registry import write_manifest
 
 
+def wait_until(condition: Callable[[], bool], limit_s: float = 30.0) -> bool:
+    """Wait for a state another thread reaches (not for time to pass): True once ``condition()`` holds."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 class Fragile(AgentEnv):
     """Two turns; step raises when the action says so (bypassing AgentEnv's own catch), and every close is counted."""
 
@@ -55,6 +65,7 @@ class Fragile(AgentEnv):
     steps = 0  # env.step calls, all instances
     made_delay_s = 0.0  # a slow constructor (concurrent creates)
     gate: threading.Event | None = None  # the action "wait" blocks on it
+    entered: threading.Event | None = None  # set when a "wait" step has begun (it holds its session)
 
     def __init__(self, ok_reward: float = 0.5, **kwargs: Any) -> None:
         super().__init__(max_turns=2, **kwargs)
@@ -75,6 +86,8 @@ class Fragile(AgentEnv):
         if action == "explode":
             raise RuntimeError("boom: the env broke on purpose")
         if action == "wait":
+            if type(self).entered is not None:
+                type(self).entered.set()
             assert type(self).gate is not None and type(self).gate.wait(30)
         return super().step(action)
 
@@ -101,7 +114,7 @@ def serve():
 def fragile(clean_registry):
     relax_gym.register(id="fragile", entry_point=Fragile, modalities=["image", "text"])
     Fragile.closed = Fragile.steps = 0
-    Fragile.made_delay_s, Fragile.gate = 0.0, None
+    Fragile.made_delay_s, Fragile.gate, Fragile.entered = 0.0, None, None
     return "fragile"
 
 
@@ -442,25 +455,26 @@ def test_concurrent_creates_respect_max_sessions(serve, fragile):
 
 
 def test_closing_or_reaping_a_session_waits_for_the_request_using_it(serve, fragile):
-    server = serve(fragile, idle_timeout_s=0.05)
-    Fragile.gate = threading.Event()
+    server = serve(fragile, idle_timeout_s=0.0)  # every session counts as idle at once: only the lock protects it
+    Fragile.gate, Fragile.entered = threading.Event(), threading.Event()
     env = relax_gym.make(f"remote:{server.url}/{fragile}")
     env.reset(seed=0)
     sid = env.unwrapped.session_id
-    out: list[Any] = []
-    stepping = threading.Thread(target=lambda: out.append(env.step("wait")))
+    stepped: list[Any] = []
+    deleted: list[Any] = []
+    stepping = threading.Thread(target=lambda: stepped.append(env.step("wait")))
     stepping.start()
-    time.sleep(0.2)  # the step holds the session, idle for longer than idle_timeout_s
+    assert Fragile.entered.wait(30)  # the step holds the session now
     assert request(server.url, "POST", f"/v1/envs/{fragile}/sessions", {})[0] == 201  # a create reaps idle sessions
     assert server.sessions == 2 and Fragile.closed == 1  # ... but not the one in use (only the probe is closed)
-    deleting = threading.Thread(target=lambda: out.append(request(server.url, "DELETE", f"/v1/envs/{fragile}/sessions/{sid}")))
+    deleting = threading.Thread(target=lambda: deleted.append(request(server.url, "DELETE", f"/v1/envs/{fragile}/sessions/{sid}")))
     deleting.start()
-    time.sleep(0.2)
-    assert deleting.is_alive() and Fragile.closed == 1  # the close waits for the step
+    assert wait_until(lambda: server.sessions == 1)  # the DELETE took the session off the table, then waits for its lock
+    assert deleting.is_alive() and Fragile.closed == 1 and not deleted  # the close waits for the step
     Fragile.gate.set()
     stepping.join(30)
     deleting.join(30)
-    assert Fragile.closed == 2 and out[0][1] == 0.0 and out[1] == (200, {"closed": True})
+    assert Fragile.closed == 2 and stepped[0][1] == 0.0 and deleted == [(200, {"closed": True})]
     status, body = request(server.url, "POST", f"/v1/envs/{fragile}/sessions/{sid}/step", {"action": "ok"})
     assert status == 404 and body["error"]["type"] == "UnknownSession"
 
