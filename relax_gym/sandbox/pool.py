@@ -15,6 +15,9 @@
   acquire is destroyed in the background too.
 - Orphans of dead processes are reaped by label at ``start()``; ``close()`` destroys everything and an atexit
   backstop closes pools the program forgot.
+- Every deadline, age and creation spacing is read from one clock, ``clock`` (default ``time.monotonic``): a caller's
+  deadline is a value of that clock. Tests hand in a virtual event loop's ``loop.time`` so that lease expiry,
+  lifetimes and rate limits happen in simulated time, in the same order on every run.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import logging
 import time
 import weakref
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from relax_gym.sandbox import sync
@@ -46,10 +50,11 @@ class LeaseExpired(SandboxError):
 @dataclass
 class Lease:
     sandbox: Sandbox
-    deadline: float | None  # time.monotonic() value
+    deadline: float | None  # a value of the pool's clock
     spec_key: str
     expired: bool = False
     _timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    _clock: Callable[[], float] = field(default=time.monotonic, repr=False)
 
     @property
     def id(self) -> str:
@@ -58,7 +63,7 @@ class Lease:
     async def exec(self, cmd, timeout: float | None = None, stdin=None):
         self._check()
         if self.deadline is not None:  # a command may not run past the lease
-            left = self.deadline - time.monotonic()
+            left = self.deadline - self._clock()
             timeout = min(timeout or self.sandbox.spec.exec_timeout_s, max(left, 0.05))
         return await self.sandbox.exec(cmd, timeout, stdin)
 
@@ -97,6 +102,7 @@ class SandboxPool:
         max_concurrent_creates: int = 4,
         default_spec: SandboxSpec | None = None,
         refill: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend or select_backend()
         self.min_warm = min_warm
@@ -105,6 +111,7 @@ class SandboxPool:
         self.create_interval = 1.0 / create_per_s if create_per_s > 0 else 0.0
         self.default_spec = default_spec or SandboxSpec()
         self.refill = refill
+        self.clock = clock
         self.stats = PoolStats()
         self._max_concurrent_creates = max_concurrent_creates
         self._create_gate: asyncio.Semaphore | None = None
@@ -112,6 +119,7 @@ class SandboxPool:
         self._idle: dict[str, deque[Sandbox]] = defaultdict(deque)
         self._alive: dict[str, int] = defaultdict(int)
         self._uses: dict[str, int] = defaultdict(int)
+        self._born: dict[str, float] = {}  # sandbox id -> its creation time on ``clock``
         self._leases: dict[str, Lease] = {}
         self._leased: dict[str, int] = defaultdict(int)  # leases out now, per spec key
         self._peak: dict[str, int] = defaultdict(int)  # the most leases out at once, per spec key
@@ -170,7 +178,7 @@ class SandboxPool:
     # -- leasing ------------------------------------------------------------------------------------------
 
     async def acquire(self, spec: SandboxSpec | None = None, deadline: float | None = None) -> Lease:
-        """A clean sandbox for ``spec``; waits for a slot up to ``deadline`` (a ``time.monotonic()`` value)."""
+        """A clean sandbox for ``spec``; waits for a slot up to ``deadline`` (a value of the pool's ``clock``)."""
         if self._closed:
             raise SandboxError("the sandbox pool is closed")
         await self.start()
@@ -183,7 +191,7 @@ class SandboxPool:
             idle = self._idle[key]
             while idle:
                 box = idle.popleft()
-                if box.closed or box.age_s > spec.lifetime_s:
+                if box.closed or self._age_s(box) > spec.lifetime_s:
                     self._in_background(self._destroy_and_notify(box, key))
                     continue
                 self.stats.reused += 1
@@ -215,7 +223,7 @@ class SandboxPool:
         self._leased[key] -= 1
         self._uses[box.id] += 1
         keep = not self._closed and not lease.expired and not box.closed
-        keep = keep and box.age_s < box.spec.lifetime_s and self._uses[box.id] < self.max_uses
+        keep = keep and self._age_s(box) < box.spec.lifetime_s and self._uses[box.id] < self.max_uses
         if keep:
             try:
                 await box.reset()
@@ -239,14 +247,18 @@ class SandboxPool:
     # -- internals ----------------------------------------------------------------------------------------
 
     def _lease(self, box: Sandbox, deadline: float | None, key: str) -> Lease:
-        lease = Lease(sandbox=box, deadline=deadline, spec_key=key)
+        lease = Lease(sandbox=box, deadline=deadline, spec_key=key, _clock=self.clock)
         self._leases[box.id] = lease
         self._leased[key] += 1
         self._peak[key] = max(self._peak[key], self._leased[key])
         if deadline is not None:
             loop = asyncio.get_running_loop()
-            lease._timer = loop.call_at(loop.time() + max(deadline - time.monotonic(), 0.0), self._expire, lease)
+            lease._timer = loop.call_at(loop.time() + max(deadline - self.clock(), 0.0), self._expire, lease)
         return lease
+
+    def _age_s(self, box: Sandbox) -> float:
+        born = self._born.get(box.id)
+        return box.age_s if born is None else self.clock() - born
 
     def _expire(self, lease: Lease) -> None:
         if self._leases.get(lease.id) is not lease:
@@ -328,7 +340,7 @@ class SandboxPool:
             self._alive[spec.key()] += 1
         try:
             async with self._create_gate:
-                now = time.monotonic()
+                now = self.clock()
                 wait = self._next_create - now
                 self._next_create = max(now, self._next_create) + self.create_interval
                 if wait > 0:
@@ -339,6 +351,7 @@ class SandboxPool:
                 self._alive[spec.key()] -= 1
             raise
         self.stats.created += 1
+        self._born[box.id] = self.clock()
         return box
 
     async def _destroy(self, box: Sandbox) -> None:
@@ -349,6 +362,7 @@ class SandboxPool:
             if self._alive[key] > 0:
                 self._alive[key] -= 1
             self._uses.pop(box.id, None)
+            self._born.pop(box.id, None)
             self.stats.destroyed += 1
 
     async def _notify(self, key: str) -> None:
@@ -357,11 +371,10 @@ class SandboxPool:
             async with cond:
                 cond.notify_all()
 
-    @staticmethod
-    async def _with_deadline(aw, deadline: float | None, what: str):
+    async def _with_deadline(self, aw, deadline: float | None, what: str):
         if deadline is None:
             return await aw
-        left = deadline - time.monotonic()
+        left = deadline - self.clock()
         try:
             return await asyncio.wait_for(aw, timeout=max(left, 0.0))
         except TimeoutError:

@@ -2,7 +2,9 @@
 
 Rows live in a dict per partition, media tensors (``put(..., media=)``) in another, by key; the delivery ledger (shared with the TransferQueue bus) decides what each fetch
 gets. A fetch that has nothing to take sleeps on an :class:`asyncio.Condition` that every write, seal, give-back and
-drop notifies, and wakes early only for the next lease deadline — it never polls on a fixed interval.
+drop notifies, and wakes early only for the next lease deadline — it never polls on a fixed interval. Lease
+deadlines and fetch timeouts are read from ``clock`` (default ``time.monotonic``); tests on a virtual event loop hand
+in its ``loop.time`` so that leases lapse in simulated time.
 
 Values are copied on the way in and on the way out (tensors cloned to CPU, tuples turned into lists), because that is
 what crossing TransferQueue's wire does: a producer that reuses a buffer after ``put``, or a consumer that edits a
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -58,9 +60,11 @@ def copy_value(value: Any) -> Any:
 class InProcessBus(DataBus):
     """The data bus for one process and one event loop (unit tests, single-process runs)."""
 
-    def __init__(self, *, lease_timeout: float | None = 600.0, group_field: str = "group_id"):
+    def __init__(self, *, lease_timeout: float | None = 600.0, group_field: str = "group_id",
+                 clock: Callable[[], float] = time.monotonic):
         self.group_field = group_field
-        self._ledger = DeliveryLedger(lease_timeout)
+        self._clock = clock
+        self._ledger = DeliveryLedger(lease_timeout, clock)
         self._rows: dict[int, dict[str, dict[str, Any]]] = {}
         self._media: dict[int, dict[str, torch.Tensor]] = {}  # partition -> media key -> tensor
         self._changed = asyncio.Condition()
@@ -141,7 +145,7 @@ class InProcessBus(DataBus):
                     whole_groups: bool = False, timeout: float | None = None) -> BusBatch | None:
         self._check_open()
         need = check_fetch(partition, task, fields, batch_size, timeout)
-        start = time.monotonic()
+        start = self._clock()
         deadline = None if timeout is None else start + timeout
         try:
             async with self._changed:
@@ -157,7 +161,7 @@ class InProcessBus(DataBus):
                         self._stats.add("fetches")
                         self._stats.add("fetched_rows", len(ids))
                         return BusBatch(partition, task, list(ids), columns, pick.lease.lease_id)
-                    now = time.monotonic()
+                    now = self._clock()
                     if pick.verdict == EXHAUSTED or self._closed or (deadline is not None and now >= deadline):
                         self._stats.add("empty_fetches")
                         return None
@@ -168,7 +172,7 @@ class InProcessBus(DataBus):
                     except asyncio.TimeoutError:
                         pass  # a deadline passed: a lease ran out (rows are back) or this fetch's own timeout
         finally:
-            self._stats.add("fetch_wait_s", time.monotonic() - start)
+            self._stats.add("fetch_wait_s", self._clock() - start)
 
     async def ack(self, batch: BusBatch) -> None:
         self._check_open()

@@ -247,7 +247,7 @@ class SimTopology:
         replica, as a real one does when it starts."""
         c, t, r = self.costs, self.cfg.trainer, self.cfg.roles
         self.pool = EnginePool(self.replicas, c.generation)
-        self.bus = InProcessBus(lease_timeout=None)
+        self.bus = InProcessBus(lease_timeout=None, clock=asyncio.get_running_loop().time)  # fetch timeouts in sim time
         self.slots = (CarrySlots(t.prompts_per_step, t.max_staleness, first=0, end=t.steps)
                       if t.stragglers == "carry" else None)
         worker = SimEnvWorker(c, t.seed, self.pool, self.log, bus=self.bus, slots=self.slots,
