@@ -268,7 +268,7 @@ class SandboxPool:
         log.warning("sandbox lease %s passed its deadline; destroying the sandbox", lease.id)
         self._leases.pop(lease.id, None)
         self._leased[lease.spec_key] -= 1
-        asyncio.ensure_future(self._destroy_and_notify(lease.sandbox, lease.spec_key, refill=True))
+        self._in_background(self._destroy_and_notify(lease.sandbox, lease.spec_key, refill=True))  # close() waits
 
     async def _destroy_and_notify(self, box: Sandbox, key: str, *, refill: bool = False) -> None:
         try:
