@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import gymnasium
+from .registry_state import restored_registry
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -13,14 +13,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def test_readme_python_example_runs(capsys):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
     assert len(blocks) == 1 and len(blocks[0].splitlines()) <= 12
-    saved = dict(gymnasium.registry)
-    try:
+    with restored_registry():  # the example registers "my-env"; discovery may first run inside it
         exec(compile(blocks[0], str(README), "exec"), {})
-    finally:
-        from relax_gym.envs import registry
-
-        registry._specs.pop("my-env", None)
-        gymnasium.registry.clear()
-        gymnasium.registry.update(saved)
     out = capsys.readouterr().out
     assert "(16, 64, 64, 3)" in out and "1.0 {'accuracy': 1.0, 'format': 1.0}" in out

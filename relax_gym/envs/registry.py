@@ -1,5 +1,6 @@
 """The environment registry. Ids live in gymnasium's registry under the ``relax`` namespace, so both
-``relax_gym.make("nextqa-video")`` and ``gymnasium.make("relax/nextqa-video")`` work (after ``import relax_gym``).
+``relax_gym.make("nextqa-video")`` and ``gymnasium.make("relax/nextqa-video")`` work (the latter once discovery
+has run: after the first ``make`` / ``list_envs`` / ``spec``, or ``discover()``).
 
 Three ways in:
 1. ``relax_gym.register(id=..., entry_point="pkg.mod:Class", kwargs={...})`` in Python;

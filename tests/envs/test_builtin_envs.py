@@ -41,6 +41,7 @@ def test_nextqa_video_acceptance():
 
 
 def test_echo_ink_acceptance():
+    relax_gym.discover()  # gymnasium knows our ids once discovery has run (importing relax_gym does not run it)
     env = gymnasium.make("relax/echo-ink")
     obs, info = env.reset(seed=0)
     user = obs[-1]

@@ -161,6 +161,7 @@ def manifest_folders(draw: st.DrawFn) -> list[tuple[str, bytes | None]]:
 @contextlib.contextmanager
 def isolated_registry(env_path: Path):
     """Point discovery at ``env_path`` and put both registries back as they were afterwards."""
+    reg.discover()  # discovery is lazy: run it first, so what is saved and put back is the discovered registry
     saved_specs, saved_errors, saved_gym = dict(reg._specs), list(reg._errors), dict(gymnasium.registry)
     saved_var = os.environ.get(reg.ENV_PATH_VAR)
     os.environ[reg.ENV_PATH_VAR] = str(env_path)
