@@ -33,7 +33,7 @@ from pydantic import (
 )
 
 from relax_gym.envs.datasets import DatasetSpec
-from relax_gym.envs.rewards import MultipleChoiceReward
+from relax_gym.envs.multiple_choice_reward import MultipleChoiceReward
 from relax_gym.envs.rubric import Rubric, RubricPart, check_parts
 from relax_gym.sandbox.spec import SandboxSpec
 

@@ -2,7 +2,7 @@
 
 The opening is a system prompt that asks for ``<think>…</think><answer>X</answer>`` and a user message with
 the media parts (video, image, audio, in that order) followed by the question and its lettered options. The
-reward is :class:`~relax_gym.envs.rewards.MultipleChoiceReward` (accuracy + format, weights configurable); the
+reward is :class:`~relax_gym.envs.multiple_choice_reward.MultipleChoiceReward` (accuracy + format, weights configurable); the
 terminal step's reward context (for a rubric) holds ``gold_letter``, ``options`` and ``question``.
 ``nextqa-video`` and ``echo-ink`` are this class with different manifests.
 """
@@ -20,7 +20,8 @@ from gymnasium.utils import seeding
 from relax_gym.envs import synth
 from relax_gym.envs.core import AgentEnv, Opening, Outcome
 from relax_gym.envs.datasets import DatasetError, DatasetSpec, McqSample, load_dataset
-from relax_gym.envs.rewards import LETTERS, MultipleChoiceReward
+from relax_gym.envs.multiple_choice_reward import MultipleChoiceReward
+from relax_gym.envs.rewards import LETTERS
 from relax_gym.omni import (
     AudioPart,
     ImagePart,

@@ -37,6 +37,7 @@ from typing import Any
 
 import gymnasium
 
+from relax_gym.envs.env_ids import NAMESPACE, REMOTE_PREFIX
 from relax_gym.envs.manifest import (
     MANIFEST_NAME,
     EnvManifest,
@@ -45,10 +46,8 @@ from relax_gym.envs.manifest import (
     load_manifest,
 )
 
-NAMESPACE = "relax"
 ENTRY_POINT_GROUP = "relax_gym.envs"
 ENV_PATH_VAR = "RELAX_GYM_ENV_PATH"
-REMOTE_PREFIX = "remote:"
 SERVED_ENTRY_POINT = "relax_gym.envs.remote.launcher:served_env"  # what gymnasium calls for a [server] manifest
 RUBRIC_ENTRY_POINT = "relax_gym.envs.rubric_env:make_with_rubric"  # ... for a manifest with [[reward.parts]]
 

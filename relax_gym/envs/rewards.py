@@ -1,16 +1,10 @@
-"""Small pure reward functions. Each returns a float in [0, 1]; combiners return a total plus a breakdown."""
+"""Small pure reward functions. Each returns a float in [0, 1]. (Weighted combinations of them are rubrics:
+:mod:`relax_gym.envs.rubric`; the multiple-choice one is :mod:`relax_gym.envs.multiple_choice_reward`.)"""
 
 from __future__ import annotations
 
-import functools
 import re
 import string
-from typing import TYPE_CHECKING
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-if TYPE_CHECKING:
-    from relax_gym.envs.rubric import Rubric
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _FORMAT = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
@@ -63,37 +57,3 @@ def math_answer(text: str, gold: str) -> float:
     if len(answer) > MAX_MATH_ANSWER_CHARS:
         return 0.0
     return 1.0 if equivalent(gold, answer) else 0.0
-
-
-class MultipleChoiceReward(BaseModel):
-    """reward = accuracy * w_accuracy + format * w_format, normalised by the weights' sum so the max is 1: the
-    rubric :attr:`rubric` (parts ``accuracy`` and ``format``) with these weights."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    accuracy: float = Field(default=0.9, ge=0.0)
-    format: float = Field(default=0.1, ge=0.0)
-
-    @model_validator(mode="after")
-    def _some_weight(self) -> MultipleChoiceReward:
-        if self.accuracy + self.format <= 0:
-            raise ValueError("at least one reward weight must be positive")
-        return self
-
-    @property
-    def rubric(self) -> Rubric:
-        """The same reward as a rubric: parts ``accuracy`` (rule ``multiple_choice``) and ``format`` (rule
-        ``format``), with these weights; it reads ``gold_letter`` and ``options`` from the reward context."""
-        return _mcq_rubric(self.accuracy, self.format)
-
-    def __call__(self, text: str, gold_letter: str, options: list[str] | tuple[str, ...]) -> tuple[float, dict[str, float]]:
-        score = self.rubric.score(text, {"gold_letter": gold_letter, "options": list(options)})
-        return score.total, score.breakdown
-
-
-@functools.lru_cache(maxsize=64)
-def _mcq_rubric(accuracy: float, fmt: float) -> Rubric:
-    # imported here: rubric.py builds its rules from this module's functions
-    from relax_gym.envs.rubric import Rubric
-
-    return Rubric(parts=[{"name": "accuracy", "rule": "multiple_choice", "weight": accuracy},
-                         {"name": "format", "rule": "format", "weight": fmt}])

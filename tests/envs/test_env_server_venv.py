@@ -34,7 +34,8 @@ from __future__ import annotations
 import numpy as np
 
 from relax_gym.envs.core import AgentEnv, Opening, Outcome
-from relax_gym.envs.rewards import LETTERS, MultipleChoiceReward
+from relax_gym.envs.multiple_choice_reward import MultipleChoiceReward
+from relax_gym.envs.rewards import LETTERS
 from relax_gym.omni import ImagePart, Message, TextPart
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 220, 30)}

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from relax_gym.envs.multiple_choice_reward import MultipleChoiceReward
 from relax_gym.envs.rewards import (
-    MultipleChoiceReward,
     answer_letter,
     extract_answer,
     math_answer,

@@ -30,8 +30,8 @@ from relax_gym.envs import (
     with_rubric,
 )
 from relax_gym.envs import rubric as rubric_mod
+from relax_gym.envs.multiple_choice_reward import MultipleChoiceReward
 from relax_gym.envs.rewards import (
-    MultipleChoiceReward,
     multiple_choice,
     think_answer_format,
 )

@@ -27,7 +27,8 @@ from urllib.parse import parse_qs, urlsplit
 import gymnasium
 
 from relax_gym.envs.core import AgentEnv, Status
-from relax_gym.envs.remote.server import TOKEN_VAR, is_loopback
+from relax_gym.envs.env_ids import NAMESPACE, REMOTE_PREFIX
+from relax_gym.envs.remote.access import TOKEN_VAR, is_loopback
 from relax_gym.envs.remote.wire import (
     MEDIA_MODES,
     PROTOCOL,
@@ -41,7 +42,6 @@ from relax_gym.omni.parts import TextPart
 
 log = logging.getLogger(__name__)
 
-REMOTE_PREFIX = "remote:"
 DEFAULT_TIMEOUT_S = 600.0
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 _IDEMPOTENT = frozenset({"GET", "HEAD", "DELETE"})  # safe to send twice; a POST (make, reset, step) never is
@@ -254,8 +254,6 @@ def parse_remote_id(id: str) -> tuple[str, str, dict[str, Any]]:
 def make_remote(id: str, **kwargs: Any) -> gymnasium.Env:
     """``relax_gym.make("remote:http://HOST:PORT/ENV_ID", **kwargs)``: a gymnasium env (with gymnasium's usual
     wrappers) whose episodes run on that server."""
-    from relax_gym.envs.registry import NAMESPACE
-
     url, env_id, options = parse_remote_id(id)
     spec_ = gymnasium.envs.registration.EnvSpec(id=f"{NAMESPACE}/{env_id}", entry_point=RemoteEnv,
                                                 kwargs={"remote_url": url, "remote_env_id": env_id, **options})

@@ -33,7 +33,7 @@ from typing import Any
 import relax_gym
 from relax_gym.envs.manifest import EnvManifest, ManifestError, load_manifest
 from relax_gym.envs.remote.client import RemoteEnv
-from relax_gym.envs.remote.server import TOKEN_VAR
+from relax_gym.envs.remote.access import TOKEN_VAR
 from relax_gym.envs.remote.wire import encode_value
 from relax_gym.watchdog import guard
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_gym.envs import registry
+from relax_gym.envs.remote.access import TOKEN_VAR, is_loopback
 from relax_gym.envs.remote.wire import (
     MEDIA_MODES,
     PROTOCOL,
@@ -60,7 +60,6 @@ from relax_gym.envs.remote.wire import (
 log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
-TOKEN_VAR = "RELAX_GYM_ENV_TOKEN"  # the token, for servers and clients that are not given one explicitly
 MAX_BODY_BYTES = 64 << 20
 BODY_TIMEOUT_S = 60.0  # a request whose body does not arrive within this is answered 408 (its thread freed)
 
@@ -103,15 +102,6 @@ class _Reply(Exception):
     def __init__(self, status: int, kind: str, message: str, culprit: str, **extra: Any) -> None:
         super().__init__(message)
         self.status, self.body = status, error_body(kind, message, culprit, **extra)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def describe(env: Any, env_id: str) -> dict[str, Any]:
