@@ -1,11 +1,18 @@
-"""One contract for both data buses: the in-process twin and the TransferQueue bus (integration: Ray + TQ)."""
+"""One contract for both data buses: the in-process twin and the TransferQueue bus (integration: Ray + TQ).
+
+The twin runs each scenario on a virtual clock (it is handed the loop's clock), so its lease lapses and fetch
+timeouts happen in simulated time, in the same order on every run. The TransferQueue bus runs the same scenarios
+on the real clock; there a check that something answers "at once" is made without a clock: the fetch is given no
+timeout of its own, so only the awaited event can end it (a generous outer limit reports a hang).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import math
-import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -22,6 +29,8 @@ from relax_gym.trainer.databus import (
     make_bus,
 )
 
+from .waiting import loop_clock, run_on_virtual_clock
+
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -33,24 +42,32 @@ def tq_owner(ray_session):
     asyncio.run(owner.close())
 
 
+HANG_S = 60.0  # the outer limit on a wait that should end by an event: reaching it means the event never came
+
+
+@dataclass(frozen=True)
+class BusKind:
+    make: Callable[..., DataBus]  # a fresh, isolated bus (call it inside the test's event loop)
+    virtual_clock: bool  # run on the virtual-time loop, the bus reading its clock
+
+
 @pytest.fixture(params=["inprocess", pytest.param("transferqueue", marks=pytest.mark.integration)])
-def new_bus(request):
-    """A factory of fresh, isolated buses of one kind (call it inside the test's event loop)."""
+def new_bus(request) -> BusKind:
     if request.param == "inprocess":
-        return lambda **kw: InProcessBus(**kw)
+        return BusKind(lambda **kw: InProcessBus(clock=loop_clock, **kw), virtual_clock=True)
     request.getfixturevalue("tq_owner")
-    return lambda **kw: TransferQueueBus(scope=f"t-{uuid.uuid4().hex[:8]}", **kw)
+    return BusKind(lambda **kw: TransferQueueBus(scope=f"t-{uuid.uuid4().hex[:8]}", **kw), virtual_clock=False)
 
 
-def drive(new_bus, body, **bus_kw):
+def drive(new_bus: BusKind, body, **bus_kw):
     async def main():
-        bus = new_bus(**bus_kw)
+        bus = new_bus.make(**bus_kw)
         try:
             await body(bus)
         finally:
             await bus.close()
 
-    asyncio.run(main())
+    (run_on_virtual_clock if new_bus.virtual_clock else asyncio.run)(main())
 
 
 def rows(prefix: str, n: int, start: int = 0, **extra):
@@ -109,9 +126,8 @@ def test_micro_batches_then_tail_after_seal(new_bus):
         tail = await bus.fetch(1, "actor", ["input_ids"], 4, timeout=5)
         assert tail.sample_ids == ["m8", "m9"]
         await bus.ack(tail)
-        t0 = time.monotonic()
-        assert await bus.fetch(1, "actor", ["input_ids"], 4, timeout=30) is None  # exhausted: answers at once
-        assert time.monotonic() - t0 < 5
+        # no timeout of its own: only exhaustion can answer None
+        assert await asyncio.wait_for(bus.fetch(1, "actor", ["input_ids"], 4), HANG_S) is None
 
     drive(new_bus, body)
 
@@ -126,20 +142,19 @@ def test_seal_releases_a_waiting_fetch_with_a_tail(new_bus):
             await asyncio.sleep(0.2)
             await bus.seal(2, 3)  # fewer than expected: some episodes failed
 
-        t0 = time.monotonic()
-        batch, _ = await asyncio.gather(bus.fetch(2, "actor", ["input_ids"], 8, timeout=20), produce())
+        # no timeout of its own: only the seal can end the wait for 8 rows
+        batch, _ = await asyncio.wait_for(asyncio.gather(bus.fetch(2, "actor", ["input_ids"], 8), produce()), HANG_S)
         assert batch is not None and batch.sample_ids == ["w0", "w1", "w2"]
-        assert time.monotonic() - t0 < 10
 
     drive(new_bus, body)
 
 
 def test_timeout_returns_none(new_bus):
     async def body(bus):
-        t0 = time.monotonic()
-        assert await bus.fetch(3, "actor", ["input_ids"], 2, timeout=0.3) is None  # partition nobody opened
-        waited = time.monotonic() - t0
-        assert 0.25 <= waited < 5
+        t0 = loop_clock()
+        fetch = bus.fetch(3, "actor", ["input_ids"], 2, timeout=0.3)
+        assert await asyncio.wait_for(fetch, HANG_S) is None  # partition nobody opened
+        assert loop_clock() - t0 >= 0.25  # waited its timeout out (on the twin's virtual clock: 0.3 exactly)
         await bus.put(3, rows("t", 1))
         assert await bus.fetch(3, "actor", ["input_ids"], 2, timeout=0) is None
         assert bus.stats()["fetch_wait_s"] >= 0.25
@@ -205,12 +220,12 @@ def test_unacked_lease_runs_out(new_bus):
         await bus.put(7, rows("d", 4))
         lost = await bus.fetch(7, "actor", ["input_ids"], 2, timeout=5)  # this consumer hangs
         late = await bus.fetch(7, "actor", ["input_ids"], 2, timeout=5)
-        t0 = time.monotonic()
-        again = await bus.fetch(7, "actor", ["input_ids"], 2, timeout=10)
-        assert again.sample_ids == lost.sample_ids and time.monotonic() - t0 < 5
+        # no timeout of its own: only the lapse of the hung consumer's lease can hand rows out
+        again = await asyncio.wait_for(bus.fetch(7, "actor", ["input_ids"], 2), HANG_S)
+        assert again.sample_ids == lost.sample_ids
         with pytest.raises(LeaseError, match="handed out again"):
             await bus.ack(lost)
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.6)  # past the lease (load only lengthens the sleep; simulated time on the twin)
         await bus.ack(late)  # ran out too, but nobody took its rows: the late ack still counts
         await bus.ack(again)
         await bus.seal(7, 4)
@@ -551,35 +566,40 @@ def test_tq_consumer_in_another_process_dies_and_its_rows_come_back(tq_owner, ra
 
 
 def test_wait_is_event_driven_in_the_twin():
-    """The twin wakes a waiting fetch on the write itself (no polling interval to wait out)."""
+    """The twin wakes a waiting fetch on the write itself (no polling interval to wait out): on the virtual clock
+    the batch arrives at the very moment of the put."""
     async def main():
-        bus = InProcessBus()
+        bus = InProcessBus(clock=loop_clock)
         waiting = asyncio.create_task(bus.fetch(0, "actor", ["x"], 1, timeout=30))
         await asyncio.sleep(0.05)
-        t0 = time.perf_counter()
+        t0 = loop_clock()
         await bus.put(0, [{"sample_id": "a", "x": 1}])
         batch = await waiting
-        assert batch.fields["x"] == [1] and time.perf_counter() - t0 < 0.25
-        assert math.isclose(bus.stats()["fetches"], 1)
+        assert batch.fields["x"] == [1] and loop_clock() == t0
+        assert math.isclose(bus.stats()["fetches"], 1) and bus.stats()["fetch_wait_s"] == pytest.approx(0.05)
 
-    asyncio.run(main())
+    run_on_virtual_clock(main())
 
 
 @pytest.mark.integration
 def test_tq_waiting_fetch_wakes_on_the_write_not_on_a_timer(tq_owner, ray_session):
     """A TransferQueue fetch that finds nothing sleeps on the ledger; the put (and a put_fields that completes a row)
-    wakes it. With a 60 s re-check interval, only the wake-up can answer within the 20 s the test allows, and the
+    wakes it. With a 300 s re-check interval, only the wake-up can answer within the test's limit, and the
     fetch reads TransferQueue's readiness a handful of times, not once per backoff interval."""
+    async def waits(bus, n):  # the fetch has gone to sleep on the ledger n times
+        while bus.stats().get("waits", 0) < n:
+            await asyncio.sleep(0.01)
+
     async def main():
-        bus = TransferQueueBus(scope=f"t-{uuid.uuid4().hex[:8]}", recheck_s=60.0)
+        bus = TransferQueueBus(scope=f"t-{uuid.uuid4().hex[:8]}", recheck_s=300.0)
         try:
             waiting = asyncio.ensure_future(bus.fetch(0, "actor", ["input_ids", "adv"], 2))
-            await asyncio.sleep(0.5)
-            await bus.put(0, rows("w", 2))  # no "adv" yet: still nothing to hand out
-            await asyncio.sleep(0.5)
+            await asyncio.wait_for(waits(bus, 1), HANG_S)
+            await bus.put(0, rows("w", 2))  # no "adv" yet: woken, it finds nothing to hand out and sleeps again
+            await asyncio.wait_for(waits(bus, 2), HANG_S)
             assert not waiting.done()
             await bus.put_fields(0, ["w0", "w1"], {"adv": [0.5, -0.5]})
-            batch = await asyncio.wait_for(waiting, 20)
+            batch = await asyncio.wait_for(waiting, HANG_S)
             assert batch.sample_ids == ["w0", "w1"] and batch.fields["adv"] == [0.5, -0.5]
             stats = bus.stats()
             assert stats["waits"] >= 2 and stats["polls"] <= 6, stats
@@ -592,11 +612,12 @@ def test_tq_waiting_fetch_wakes_on_the_write_not_on_a_timer(tq_owner, ray_sessio
 @pytest.mark.integration
 def test_tq_waiting_fetch_wakes_when_a_lease_lapses(tq_owner, ray_session):
     async def main():
-        bus = TransferQueueBus(scope=f"t-{uuid.uuid4().hex[:8]}", lease_timeout=0.5, recheck_s=60.0)
+        bus = TransferQueueBus(scope=f"t-{uuid.uuid4().hex[:8]}", lease_timeout=0.5, recheck_s=300.0)
         try:
             await bus.put(0, rows("l", 1))
             await bus.fetch(0, "actor", ["input_ids"], 1)  # never acked
-            again = await asyncio.wait_for(bus.fetch(0, "actor", ["input_ids"], 1), 20)
+            # with a 300 s re-check, only the ledger's wake-up at the lapse can answer within the limit
+            again = await asyncio.wait_for(bus.fetch(0, "actor", ["input_ids"], 1), HANG_S)
             assert again.sample_ids == ["l0"]
         finally:
             await bus.close()
