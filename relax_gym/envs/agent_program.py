@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from relax_gym.envs.agent_run import AgentEndpoint, ProgramRun
 from relax_gym.envs.core import AgentEnv, Opening, Outcome
 from relax_gym.envs.episode_sandbox import EpisodeSandbox, PoolHold
 from relax_gym.envs.turn_proxy import HistoryRewritten, ProgramExit, TurnProxy
@@ -53,15 +54,6 @@ MAX_LOG_CHARS = 4_000
 ENV_FILE = ".relax-agent.env"  # in the sandbox's workdir: the endpoint and key, read (and deleted) by the forwarder
 
 
-@dataclass(frozen=True)
-class AgentEndpoint:
-    """Where the program's model lives, as the host sees it: ``base_url`` ends in ``/v1`` and must be loopback."""
-
-    base_url: str
-    api_key: str
-    model: str = "policy"
-
-
 @dataclass
 class ProgramTask:
     """One episode's task. ``argv``: the command (``{python}`` is replaced by the interpreter), run in a working
@@ -74,28 +66,6 @@ class ProgramTask:
     gold_replies: list[str] = field(default_factory=list)
     outputs: tuple[str, ...] = ()
     info: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class ProgramRun:
-    """What the program did: exit code (None when it was killed), its output, its output files."""
-
-    rc: int | None
-    stdout: str
-    stderr: str
-    timed_out: bool
-    duration_s: float
-    outputs: dict[str, str] = field(default_factory=dict)
-    launch_error: str = ""
-    interfaces: tuple[str, ...] | None = None  # the sandbox's network interfaces, as seen from inside (None: local)
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        """What an episode's info reports of the run (deterministic: no timings, no logs)."""
-        out: dict[str, Any] = {"agent_rc": self.rc, "agent_timed_out": self.timed_out}
-        if self.interfaces is not None:
-            out["sandbox_interfaces"] = list(self.interfaces)
-        return out
 
 
 @dataclass

@@ -21,10 +21,11 @@ import secrets
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
+from relax_gym.envs.agent_run import AgentEndpoint, ProgramRun
 from relax_gym.omni import Message, TextPart, from_openai
 from relax_gym.omni.openai_tools import (
     FunctionTool,
@@ -34,8 +35,6 @@ from relax_gym.omni.openai_tools import (
     tool_mode,
 )
 
-if TYPE_CHECKING:
-    from relax_gym.envs.agent_program import AgentEndpoint, ProgramRun
 
 MAX_BODY_BYTES = 64 << 20
 
@@ -154,8 +153,6 @@ class TurnProxy:
         return self._server.base_url
 
     def open_episode(self) -> AgentEndpoint:
-        from relax_gym.envs.agent_program import AgentEndpoint
-
         self.close_episode()
         episode = _Episode(key=f"turn-{secrets.token_hex(16)}")
         with self._server.lock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax_gym.envs.agent_program import AgentEndpoint
+from relax_gym.envs.agent_run import AgentEndpoint
 from relax_gym.envs.episode_sandbox import shared_pool
 from relax_gym.envs.openai_agent import OpenAIAgentEnv
 from relax_gym.sandbox import sync

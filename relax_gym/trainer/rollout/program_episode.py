@@ -28,7 +28,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from relax_gym.envs.agent_program import AgentEndpoint, ProgramOutcome
+from relax_gym.envs.agent_program import ProgramOutcome
+from relax_gym.envs.agent_run import AgentEndpoint
 from relax_gym.omni.parts import Message, TextPart
 from relax_gym.trainer.rollout.episode import Trajectory, _in_env_thread
 
