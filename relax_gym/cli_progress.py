@@ -1,11 +1,13 @@
 """What ``relax-gym train`` shows while it runs: in a terminal, rich progress bars (base build, SFT warm-up, RL steps)
-with the latest figures and an ETA; in a log that is not a terminal (``| tee run.log``, a job scheduler's file), one
-plain line every ``every`` RL steps and at the last one, so the log says how the run goes without bars. Eval
-results are printed as lines in both, as they happen.
+with the latest figures on a line of their own under the bars (so a narrow terminal wraps the figures, not the bars
+and their labels); in a log that is not a terminal (``| tee run.log``, a job scheduler's file), one plain line every
+``every`` RL steps and at the last one. Each evaluation prints one line that stays, as it happens, in both.
 
 The ETA counts whichever ends the run first: the remaining steps at the recent seconds per step, or the time budget
-(``trainer.time_budget_s``) left. Third-party progress bars (Hugging Face's "Writing model shards" at each
-checkpoint) are switched off for the run: they would interleave with ours and fill logs.
+(``trainer.time_budget_s``) left. When the budget ends the run first, the step count shown is the step it will stop
+at, estimated from the recent seconds per step and marked ``~`` (e.g. ``250/~503``), and "next eval" says the
+budget's end when that comes before the next scheduled eval. Third-party progress bars (Hugging Face's "Writing
+model shards" at each checkpoint) are switched off for the run: they would interleave with ours and fill logs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Column
+from rich.text import Text
 
 __all__ = ["TrainProgress", "eval_line", "format_eta", "quiet_third_party_bars"]
 
@@ -51,6 +55,17 @@ def format_eta(seconds: float | None) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+class _BarsAndFigures(Progress):
+    """Progress bars, then the RL figures as wrapped text below them (a long figures line never squeezes a bar)."""
+
+    figures: str = ""
+
+    def get_renderables(self):
+        yield self.make_tasks_table(self.tasks)
+        if self.figures:
+            yield Text(self.figures)
+
+
 def eval_line(data: dict[str, Any]) -> str:
     """``eval at step N: reward 0.412 accuracy 0.400 format 1.000`` (the reward and its components)."""
     parts = [f"{k[len('eval_'):]} {v:.3f}" for k, v in data.items()
@@ -77,19 +92,22 @@ class TrainProgress:
         self._handler: logging.Handler | None = None
         self._replaced: list[logging.Handler] = []
         self.base_name = base_name
+        self.evals_shown: set[int] = set()  # steps whose eval line is printed
 
     # -- lifetime -----------------------------------------------------------------------------------------
 
     def __enter__(self) -> Self:
         quiet_third_party_bars()
         if self.live:
-            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                     TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                                     TextColumn("{task.fields[info]}"), console=self.console)
+            self.progress = _BarsAndFigures(
+                TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True)), BarColumn(bar_width=None),
+                TextColumn("{task.fields[count]}", table_column=Column(no_wrap=True)), TimeElapsedColumn(),
+                TextColumn("{task.fields[info]}", table_column=Column(no_wrap=True)), console=self.console, expand=True)
             self.progress.__enter__()
-            self.base = self.progress.add_task(f"base {self.base_name}", total=None, info="", visible=False)
-            self.sft = self.progress.add_task("sft warm-up", total=self.sft_steps, info="", visible=self.sft_steps > 0)
-            self.rl = self.progress.add_task("rl", total=self.steps, info="", start=False)
+            self.base = self.progress.add_task(f"base {self.base_name}", total=None, info="", count="", visible=False)
+            self.sft = self.progress.add_task("sft warm-up", total=self.sft_steps, info="", count=f"0/{self.sft_steps}",
+                                              visible=self.sft_steps > 0)
+            self.rl = self.progress.add_task("rl", total=self.steps, info="", count=f"0/{self.steps}", start=False)
             self._route_logging_above_the_bars()
         return self
 
@@ -129,10 +147,25 @@ class TrainProgress:
             left.append(self.budget_s - (elapsed_s if elapsed_s is not None else time.monotonic() - self.started))
         return max(0.0, min(left)) if left else None
 
+    def steps_in_budget(self, step: int, elapsed_s: float | None = None) -> int | None:
+        """The step the time budget will stop the run at, estimated from the recent seconds per step; None when
+        there is no budget, no pace yet, or the step budget ends the run first."""
+        if self.budget_s is None or not self.recent:
+            return None
+        elapsed = elapsed_s if elapsed_s is not None else time.monotonic() - self.started
+        pace = sum(self.recent) / len(self.recent)
+        last = step + math.ceil(max(0.0, self.budget_s - elapsed) / pace) if pace > 0 else self.steps
+        return last if last < self.steps else None
+
     def next_eval(self, step: int) -> int | None:
         if self.eval_every <= 0 or step >= self.steps:
             return None
         return min(self.steps, (step // self.eval_every + 1) * self.eval_every)
+
+    def count(self, step: int, elapsed_s: float | None = None) -> str:
+        """``250/1500``, or ``250/~503`` when the time budget is estimated to stop the run at step ~503."""
+        last = self.steps_in_budget(step, elapsed_s)
+        return f"{step}/{self.steps}" if last is None else f"{step}/~{last}"
 
     def status(self, data: dict[str, Any]) -> str:
         step = int(data["step"])
@@ -144,8 +177,13 @@ class TrainProgress:
         if "time_step_s" in data:
             figures.append(f"{data['time_step_s']:.1f} s/step")
         figures.append(f"ETA {format_eta(self.eta_s(step, data.get('elapsed_s')))}")
+        last = self.steps_in_budget(step, data.get("elapsed_s"))
+        if last is not None:
+            figures.append(f"time budget ends the run at step ~{last} (estimate)")
         nxt = self.next_eval(step)
-        if nxt is not None:
+        if nxt is not None and last is not None and nxt > last:
+            figures.append("next eval at the budget's end")
+        elif nxt is not None:
             figures.append(f"next eval at step {nxt}")
         return " ".join(figures)
 
@@ -153,31 +191,44 @@ class TrainProgress:
         if event == "step":
             self._step(data)
         elif event == "eval":
-            self.console.print(escape(eval_line(data)))
+            self._eval(data)
         elif event == "checkpoint_failed":  # the previous checkpoint stays the resume point; the run goes on
             self.console.print(f"[red]checkpoint of step {data['step']} failed[/] (training goes on): "
                                + escape(str(data["error"])))
         elif event == "sft":
             if self.progress is not None:
-                self.progress.update(self.sft, completed=data["step"], info=f"nll {data['sft_nll']:.3f}")
+                self.progress.update(self.sft, completed=data["step"], count=f"{data['step']}/{self.sft_steps}",
+                                     info=f"nll {data['sft_nll']:.3f}")
             elif data["step"] in (1, self.sft_steps) or data["step"] % max(1, self.sft_steps // 5) == 0:
                 self.console.print(f"sft warm-up {data['step']}/{self.sft_steps}: nll {data['sft_nll']:.3f}")
         elif event == "base_step":  # model.base is being built (once; then it comes from the cache)
             if self.progress is not None:
                 self.progress.update(self.base, visible=True, total=data["of"], completed=data["step"],
-                                     info=f"nll {data['sft_nll']:.3f}")
+                                     count=f"{data['step']}/{data['of']}", info=f"nll {data['sft_nll']:.3f}")
             elif data["step"] % max(1, data["of"] // 10) == 0 or data["step"] == data["of"]:
                 self.console.print(f"base {self.base_name} build {data['step']}/{data['of']}: nll {data['sft_nll']:.3f}")
+
+    def _eval(self, data: dict[str, Any]) -> None:
+        """One line per evaluation, printed once (above the bars in a terminal, so it stays on screen)."""
+        step = int(data["step"])
+        if step in self.evals_shown:
+            return
+        self.evals_shown.add(step)
+        self.console.print(escape(eval_line(data)))
 
     def _step(self, data: dict[str, Any]) -> None:
         step = int(data["step"])
         if isinstance(data.get("time_step_s"), (int, float)):
             self.recent.append(float(data["time_step_s"]))
+        if "eval_failed" in data:  # an eval ran after this step: its figures came with the step's row
+            self._eval(data)
         if self.progress is not None:
             self.progress.start_task(self.rl)
-            self.progress.update(self.rl, completed=step, info=escape(self.status(data)))
+            self.progress.figures = self.status(data)
+            last = self.steps_in_budget(step, data.get("elapsed_s"))
+            self.progress.update(self.rl, completed=step, total=last or self.steps, count=self.count(step, data.get("elapsed_s")))
         elif step % self.every == 0 or step in (1, self.steps):
-            self.console.print(escape(f"step {step}/{self.steps}: {self.status(data)}"))
+            self.console.print(escape(f"step {self.count(step, data.get('elapsed_s'))}: {self.status(data)}"))
 
 
 def _std_streams() -> tuple[Any, ...]:

@@ -1,12 +1,16 @@
 """``relax-gym train``'s progress display (relax_gym/cli_progress.py): plain lines in a log that is not a terminal
-(every N steps, with the figures, the ETA and the next eval; eval results as lines), bars in a terminal with log
-records printed above them, and no Hugging Face progress bars."""
+(every N steps, with the figures, the ETA and the next eval; one line per eval), bars in a terminal with their
+labels and a real bar at 80/100/120 columns, the figures wrapped below them, log records printed above them; the
+step the time budget stops the run at, as an estimate; and no Hugging Face progress bars."""
 
 from __future__ import annotations
 
 import io
 import logging
+import re
 
+import pytest
+from rich.cells import cell_len
 from rich.console import Console
 
 from relax_gym.cli_progress import TrainProgress, eval_line, format_eta
@@ -91,3 +95,69 @@ def test_a_failed_checkpoint_is_one_line_and_the_run_goes_on():
         shown.on_event("step", _row(3))
     assert "checkpoint of step 2 failed (training goes on): the checkpoint of step 2 could not be written [disk full]" \
         in out.getvalue()
+
+
+def _screen(width: int, *, steps: int, budget_s: float | None, until: int, pace: float = 1.2) -> tuple[str, str]:
+    """What a terminal of ``width`` columns shows after ``until`` RL steps at ``pace`` s/step (a 60-step warm-up
+    first, an eval every 50 steps): the bars and figures as drawn (no colour), and everything printed above them."""
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=width, color_system=None)
+    with TrainProgress(console, steps=steps, sft_steps=60, budget_s=budget_s, eval_every=50, base_name="tiny-omni") as shown:
+        for step in range(1, 61):
+            shown.on_event("sft", {"step": step, "sft_nll": 0.5})
+        for step in range(1, until + 1):
+            row = _row(step, time_step_s=pace, elapsed_s=pace * step)
+            if step % 50 == 0:
+                row.update(eval_failed=0, eval_accuracy=0.4)
+            shown.on_event("step", row)
+        drawn = io.StringIO()
+        Console(file=drawn, width=width, color_system=None, force_terminal=False).print(shown.progress.get_renderable())
+    return drawn.getvalue(), out.getvalue()
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_at_80_100_and_120_columns_the_bars_keep_their_labels_and_the_figures_wrap_below(width):
+    drawn, _ = _screen(width, steps=1500, budget_s=600.0, until=250)
+    lines = drawn.rstrip("\n").splitlines()
+    assert all(cell_len(line) <= width for line in lines)
+    sft, rl, *figures = lines
+    assert sft.startswith("sft warm-up ") and "60/60" in sft and "nll 0.500" in sft
+    assert sft.count("━") >= 30  # the finished warm-up's bar: drawn, not squeezed out by the figures
+    assert rl.startswith("rl ") and "250/~501" in rl and rl.count("━") >= 15  # about half of the budget's steps
+    assert " ".join(figures).split() == ("reward 0.250 accuracy 0.500 eval 0.300 1.2 s/step ETA 5m00s time budget "
+                                         "ends the run at step ~501 (estimate) next eval at step 300").split()
+
+
+def test_each_eval_prints_one_line_that_stays_above_the_bars():
+    _, printed = _screen(100, steps=200, budget_s=None, until=200, pace=1.0)
+    assert re.findall(r"eval at step \d+: [^\n\x1b]*", printed) == [
+        f"eval at step {s}: reward 0.300 accuracy 0.400" for s in (50, 100, 150, 200)]
+
+
+def test_an_eval_sent_as_an_event_and_in_the_step_row_prints_once():
+    console, out = _log_console()
+    with TrainProgress(console, steps=10, sft_steps=0, budget_s=None, eval_every=5) as shown:
+        shown.on_event("eval", {"step": 0, "eval_reward": 0.28, "eval_failed": 0})
+        shown.on_event("step", _row(5, eval_failed=0))
+        shown.on_event("eval", {"step": 5, "eval_reward": 0.3, "eval_failed": 0})
+    assert [line for line in out.getvalue().splitlines() if line.startswith("eval at step")] == [
+        "eval at step 0: reward 0.280", "eval at step 5: reward 0.300"]
+
+
+def test_when_the_time_budget_ends_the_run_the_count_and_next_eval_follow_it():
+    console, out = _log_console()
+    with TrainProgress(console, steps=1500, sft_steps=0, budget_s=600.0, eval_every=50, every=10) as shown:
+        shown.on_event("step", _row(250, time_step_s=1.2, elapsed_s=300.0))  # 300 s left / 1.2 s = 250 more steps
+        shown.on_event("step", _row(490, time_step_s=1.0, elapsed_s=595.0))  # 5 s left: ~495 < the eval at 500
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("step 250/~500: ") and "time budget ends the run at step ~500 (estimate)" in lines[0]
+    assert "next eval at step 300" in lines[0]
+    assert lines[1].startswith("step 490/~495: ") and lines[1].endswith("next eval at the budget's end")
+    assert "/1500" not in out.getvalue() and "step 550" not in out.getvalue()
+
+
+def test_without_a_binding_budget_the_count_is_the_step_budget():
+    console, _ = _log_console()
+    shown = TrainProgress(console, steps=100, sft_steps=0, budget_s=600.0, eval_every=50)
+    shown.on_event("step", _row(10, time_step_s=2.0, elapsed_s=20.0))  # 90 steps x 2 s = 180 s < 580 s left
+    assert shown.count(10, 20.0) == "10/100" and shown.steps_in_budget(10, 20.0) is None
