@@ -137,10 +137,8 @@ def test_all_reports_ok_skipped_and_failed_and_rewrites_only_the_docs_section(fa
 @pytest.mark.timeout(120)
 def test_a_benchmark_past_its_timeout_is_killed_with_what_it_started(tmp_path):
     folder = _write(tmp_path / "benchmarks", {"sleeper.py": SLEEPER})
-    t0 = time.monotonic()
     result = runner.invoke(app, ["bench", "sleeper", "--timeout", "8", "--bench-dir", str(folder), "--out", str(tmp_path / "o")])
-    assert result.exit_code == 1
-    assert time.monotonic() - t0 < 60
+    assert result.exit_code == 1  # the sleeper sleeps 120 s: without the kill the test's own 120 s limit fails it
     assert "timed out after 8 s" in " ".join(result.output.split())
     pid = int((folder / "grandchild.pid").read_text())
     deadline = time.monotonic() + 10

@@ -324,11 +324,13 @@ def test_close_while_a_command_runs_kills_it(bwrap, spec):
     async def body():
         box = await bwrap.create(spec)
         task = asyncio.ensure_future(box.exec("sleep 60", timeout=60))
-        await asyncio.sleep(0.3)
-        t0 = time.monotonic()
+        deadline = time.monotonic() + 30
+        while not any(_cmdline(p)[:1] == ["sleep"] for p in box.cgroup.pids()):  # until the command is running
+            assert not task.done() and time.monotonic() < deadline, (task, box.cgroup.pids())
+            await asyncio.sleep(0.01)
         await box.close()
-        r = await asyncio.wait_for(task, 10)
-        assert not r.ok and time.monotonic() - t0 < 10
+        r = await asyncio.wait_for(task, 30)  # well below the command's 60 s: only the kill can end it in time
+        assert not r.ok
 
     run(body())
 

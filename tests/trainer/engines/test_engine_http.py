@@ -177,11 +177,11 @@ def test_pause_with_abort_ends_running_requests(served):
     box: dict = {}
     thread = threading.Thread(target=lambda: box.setdefault("out", served.client.generate(
         ids, sampling_params={"max_new_tokens": 5000, "ignore_eos": True, **GREEDY})))
+    calls = served.engine.stats()["generate_calls"]
     thread.start()
-    deadline = time.monotonic() + 10
-    while not served.engine.stats()["running"] and time.monotonic() < deadline:
-        time.sleep(0.005)
-    time.sleep(0.05)
+    deadline = time.monotonic() + 60
+    while served.engine.stats()["generate_calls"] < calls + 2 and time.monotonic() < deadline:
+        time.sleep(0.005)  # until it has decoded past its prefill: some tokens out before the abort
     served.client.pause_generation("abort")
     try:
         thread.join(10)

@@ -140,9 +140,14 @@ def test_actor_streams_whole_groups_as_they_arrive(demos):
 
         async def producer():
             for p in (2, 0, 3, 1):  # groups finish out of order
+                if p == 1:  # the last group waits for the first micro-batch: without pipelining nothing would come
+                    deadline = time.monotonic() + 60
+                    while not calls:
+                        assert time.monotonic() < deadline, "no micro-batch trained before the last group arrived"
+                        await asyncio.sleep(0.01)
                 await bus.put(0, [r for r in rows if r["group_id"] == p])
                 puts.append(time.monotonic())
-                await asyncio.sleep(0.3)
+                await asyncio.sleep(0.3)  # spacing (the actor's data wait below is at least this)
             await bus.seal(0, n)
 
         adv_task = asyncio.create_task(advantages.process(0, n, G))
