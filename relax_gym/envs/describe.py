@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from relax_gym.envs import synth
+from relax_gym.envs import samples
 from relax_gym.envs.core import AgentEnv, Opening, Outcome
 from relax_gym.envs.describe_facts import (
     Clip,
@@ -120,7 +120,7 @@ class DescribeEnv(AgentEnv):
         global _announced
         if data_dir is not None:
             return Path(data_dir)
-        folder = synth.ensure_sample("describe")
+        folder = samples.ensure_sample("describe")
         if not _announced:
             _announced = True
             log.warning("no data_dir given: using the bundled synthetic 'describe' clips at %s", folder)

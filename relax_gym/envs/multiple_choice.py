@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from gymnasium.utils import seeding
 
-from relax_gym.envs import synth
+from relax_gym.envs import samples
 from relax_gym.envs.core import AgentEnv, Opening, Outcome
 from relax_gym.envs.datasets import DatasetError, DatasetSpec, McqSample, load_dataset
 from relax_gym.envs.multiple_choice_reward import MultipleChoiceReward
@@ -158,7 +158,7 @@ def load_samples(spec: DatasetSpec, data_dir: str | Path | None, split: str | No
     if data_dir is None:
         if spec.sample is None:
             raise ValueError(f"this {spec.format} environment has no bundled sample: pass data_dir=")
-        data_dir = synth.ensure_sample(spec.sample)
+        data_dir = samples.ensure_sample(spec.sample)
         if spec.sample not in _announced_samples:
             _announced_samples.add(spec.sample)
             log.warning("no data_dir given: using the bundled synthetic %r sample at %s", spec.sample, data_dir)

@@ -30,10 +30,9 @@ fetch the rest; in each the answer sits where that first look does not reach:
   falls in it; red circles to count are small and among orange ones of the same size, hard to tell
   apart in the low-resolution overview.
 
-``ensure_sample(name)`` generates a dataset on first use into a cache folder (see ``sample_root``)
-and reuses it afterwards; generation goes into a temporary sibling folder that is renamed into
-place, so concurrent processes never see a half-written dataset. Each sample's folder name carries
-its own version (``sample_version``).
+The cache of generated samples (``ensure_sample(name)``: generated on first use, reused afterwards) is
+:mod:`relax_gym.envs.samples`; each sample's folder name carries its own version (``SAMPLE_VERSION``,
+``AGENT_SAMPLE_VERSION`` here).
 """
 
 from __future__ import annotations
@@ -41,11 +40,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import logging
-import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
 
@@ -57,10 +52,6 @@ from PIL import Image, ImageDraw
 __all__ = [
     "SAMPLE_VERSION",
     "AGENT_SAMPLE_VERSION",
-    "SAMPLE_NAMES",
-    "sample_root",
-    "sample_version",
-    "ensure_sample",
     "write_nextqa_sample",
     "write_avqa_sample",
     "write_moving_square_video",
@@ -71,8 +62,6 @@ __all__ = [
     "write_flash_video",
     "keyframe_indices",
 ]
-
-logger = logging.getLogger(__name__)
 
 #: Bump whenever the generated content changes; the cache folder name carries it.
 SAMPLE_VERSION = 4  # 2: options in a fixed order (see write_nextqa_sample); 3: 2000 / 600 training records;
@@ -121,83 +110,6 @@ _AVQA_SECONDS = 1.0
 _AVQA_IMAGE = 64
 _VIDEO_ID_BASE = 9_000_000_000
 _VIDEOS_PER_FOLDER = 100
-
-
-# --------------------------------------------------------------------------------------------
-# cache handling
-# --------------------------------------------------------------------------------------------
-
-
-def sample_root() -> Path:
-    """Folder holding generated samples: ``$RELAX_GYM_CACHE/samples`` or ``~/.cache/relax-gym/samples``."""
-    cache = os.environ.get("RELAX_GYM_CACHE")
-    base = Path(cache).expanduser() if cache else Path.home() / ".cache" / "relax-gym"
-    return base / "samples"
-
-
-#: Names accepted by ``ensure_sample``.
-SAMPLE_NAMES: tuple[str, ...] = ("nextqa", "avqa", "nextqa-agent", "avqa-agent", "video-captions", "audio-image-captions",
-                                 "describe")
-
-
-def _writers() -> dict[str, Callable[[Path], None]]:
-    # looked up at call time so the writers can be swapped (e.g. by tests)
-    from relax_gym.envs import (
-        describe_facts,  # the nextqa-describe env's clips with their facts
-        synth_captions,  # the caption corpora (a base model's pretraining data)
-    )
-
-    return {"nextqa": write_nextqa_sample, "avqa": write_avqa_sample,
-            "nextqa-agent": write_nextqa_agent_sample, "avqa-agent": write_avqa_agent_sample,
-            "video-captions": synth_captions.write_video_captions,
-            "audio-image-captions": synth_captions.write_audio_image_captions,
-            "describe": describe_facts.write_describe_sample}
-
-
-def sample_version(name: str) -> int:
-    """The content version of sample ``name``; its cache folder is ``f"{name}-v{version}"``."""
-    if name.endswith("-captions"):
-        from relax_gym.envs.synth_captions import CAPTION_SAMPLES
-
-        return CAPTION_SAMPLES[name]
-    if name == "describe":
-        from relax_gym.envs.describe_facts import DESCRIBE_SAMPLE_VERSION
-
-        return DESCRIBE_SAMPLE_VERSION
-    return AGENT_SAMPLE_VERSION if name.endswith("-agent") else SAMPLE_VERSION
-
-
-def ensure_sample(name: str, root: Path | None = None) -> Path:
-    """Return ``root/f"{name}-v{sample_version(name)}"``, generating the dataset there on first use.
-
-    An existing folder is reused as is. Generation writes into a temporary folder in the same parent
-    and renames it into place, so a reader never sees a partial dataset; if another process finished
-    first, its copy wins and ours is discarded.
-    """
-    writers = _writers()
-    if name not in writers:
-        raise ValueError(f"unknown sample {name!r}; known samples: {', '.join(sorted(writers))}")
-    root = Path(root) if root is not None else sample_root()
-    final = root / f"{name}-v{sample_version(name)}"
-    if final.is_dir():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
-    try:
-        logger.debug("generating sample %s into %s", name, tmp)
-        writers[name](tmp)
-        os.chmod(tmp, 0o755)  # mkdtemp creates 0700; the cache may be shared
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-            logger.debug("sample %s was generated concurrently; discarding %s", name, tmp)
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
 
 
 # --------------------------------------------------------------------------------------------

@@ -257,9 +257,9 @@ def test_split_and_index_pick_records():
 
 
 def test_corrupt_video_fails_at_reset_naming_file_and_record(tmp_path):
-    from relax_gym.envs import synth
+    from relax_gym.envs import samples
 
-    src = synth.ensure_sample("nextqa-agent")
+    src = samples.ensure_sample("nextqa-agent")
     data = tmp_path / "nextqa"
     shutil.copytree(src, data)
     env = relax_gym.make("nextqa-video-agent", data_dir=str(data)).unwrapped

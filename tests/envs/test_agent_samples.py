@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import relax_gym
-from relax_gym.envs import synth
+from relax_gym.envs import samples, synth
 from relax_gym.envs.datasets import nextqa_from_dir, r1json_from_dir
 from relax_gym.omni import AudioPart, ImagePart
 
@@ -78,13 +78,13 @@ def av_env():
 
 
 def test_cache_folders_carry_their_own_version():
-    assert synth.ensure_sample("nextqa-agent").name == f"nextqa-agent-v{synth.AGENT_SAMPLE_VERSION}"
-    assert synth.ensure_sample("avqa-agent").name == f"avqa-agent-v{synth.AGENT_SAMPLE_VERSION}"
-    assert synth.sample_version("nextqa") == synth.sample_version("avqa") == synth.SAMPLE_VERSION == 4
+    assert samples.ensure_sample("nextqa-agent").name == f"nextqa-agent-v{synth.AGENT_SAMPLE_VERSION}"
+    assert samples.ensure_sample("avqa-agent").name == f"avqa-agent-v{synth.AGENT_SAMPLE_VERSION}"
+    assert samples.sample_version("nextqa") == samples.sample_version("avqa") == synth.SAMPLE_VERSION == 4
 
 
 def test_nextqa_agent_sample_is_the_nextqa_layout():
-    root = synth.ensure_sample("nextqa-agent")
+    root = samples.ensure_sample("nextqa-agent")
     for split, n in (("val", 24), ("train", 48)):
         lines = (root / f"{split}.csv").read_text().splitlines()
         assert lines[0] == HEADER and len(lines) == n + 1
@@ -95,7 +95,7 @@ def test_nextqa_agent_sample_is_the_nextqa_layout():
 
 
 def test_avqa_agent_sample_is_the_avqa_layout():
-    root = synth.ensure_sample("avqa-agent")
+    root = samples.ensure_sample("avqa-agent")
     assert len(r1json_from_dir(root, "valid")) == 24 and len(r1json_from_dir(root, "train")) == 48
     assert (root / "valid" / "omni_rl_format_valid.json").is_file()
 

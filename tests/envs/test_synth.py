@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from collections import Counter, deque
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
-from relax_gym.envs import synth
+from relax_gym.envs import samples, synth
 
 MB = 1024 * 1024
 NEXTQA_HEADER = "video,frame_count,width,height,question,answer,qid,type,a0,a1,a2,a3,a4"
@@ -152,12 +151,12 @@ def samples_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def nextqa(samples_root: Path) -> Path:
-    return synth.ensure_sample("nextqa", root=samples_root)
+    return samples.ensure_sample("nextqa", root=samples_root)
 
 
 @pytest.fixture(scope="module")
 def avqa(samples_root: Path) -> Path:
-    return synth.ensure_sample("avqa", root=samples_root)
+    return samples.ensure_sample("avqa", root=samples_root)
 
 
 # ------------------------------------------------------------------------------------------
@@ -382,95 +381,6 @@ def test_avqa_deterministic(tmp_path: Path) -> None:
     ).read_text()
     files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
     assert all((a / p).read_bytes() == (b / p).read_bytes() for p in files)
-
-
-# ------------------------------------------------------------------------------------------
-# ensure_sample caching
-# ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def small_writers(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Make ensure_sample generate tiny datasets and record each generation."""
-    calls: list[str] = []
-    real_nextqa, real_avqa = synth.write_nextqa_sample, synth.write_avqa_sample
-
-    def nextqa(dest: Path) -> None:
-        calls.append("nextqa")
-        real_nextqa(dest, n_val=2, n_train=2)
-
-    def avqa(dest: Path) -> None:
-        calls.append("avqa")
-        real_avqa(dest, n_valid=3, n_train=3)
-
-    monkeypatch.setattr(synth, "write_nextqa_sample", nextqa)
-    monkeypatch.setattr(synth, "write_avqa_sample", avqa)
-    return calls
-
-
-def test_ensure_sample_caches(tmp_path: Path, small_writers: list[str]) -> None:
-    first = synth.ensure_sample("avqa", root=tmp_path)
-    assert first == tmp_path / f"avqa-v{synth.SAMPLE_VERSION}"
-    marker = first / "valid" / "omni_rl_format_valid.json"
-    mtime = marker.stat().st_mtime_ns
-    dir_mtime = first.stat().st_mtime_ns
-    second = synth.ensure_sample("avqa", root=tmp_path)
-    assert second == first
-    assert marker.stat().st_mtime_ns == mtime
-    assert first.stat().st_mtime_ns == dir_mtime
-    assert small_writers == ["avqa"]
-    # nothing but the dataset is left in the parent (no temp folders)
-    assert [p.name for p in tmp_path.iterdir()] == [first.name]
-    assert oct(first.stat().st_mode & 0o777) == oct(0o755)
-
-
-def test_ensure_sample_honours_cache_env(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_writers: list[str]
-) -> None:
-    monkeypatch.setenv("RELAX_GYM_CACHE", str(tmp_path / "cache"))
-    assert synth.sample_root() == tmp_path / "cache" / "samples"
-    path = synth.ensure_sample("nextqa")
-    assert path == tmp_path / "cache" / "samples" / f"nextqa-v{synth.SAMPLE_VERSION}"
-    assert (path / "val.csv").is_file() and (path / "map_vid_vidorID.json").is_file()
-    assert small_writers == ["nextqa"]
-
-    monkeypatch.delenv("RELAX_GYM_CACHE")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert synth.sample_root() == tmp_path / "home" / ".cache" / "relax-gym" / "samples"
-
-
-def test_ensure_sample_unknown_name(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="nextqa") as info:
-        synth.ensure_sample("imagenet", root=tmp_path)
-    assert "avqa" in str(info.value)
-    assert not any(tmp_path.iterdir())
-
-
-def test_ensure_sample_lost_race(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """If another process renames its copy into place first, ours is discarded and theirs kept."""
-    final = tmp_path / f"avqa-v{synth.SAMPLE_VERSION}"
-
-    def racing_writer(dest: Path) -> None:
-        (dest / "ours.txt").write_text("ours")
-        final.mkdir()
-        (final / "theirs.txt").write_text("theirs")
-
-    monkeypatch.setattr(synth, "write_avqa_sample", racing_writer)
-    assert synth.ensure_sample("avqa", root=tmp_path) == final
-    assert sorted(p.name for p in final.iterdir()) == ["theirs.txt"]
-    assert [p.name for p in tmp_path.iterdir()] == [final.name]
-
-
-def test_ensure_sample_failure_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(dest: Path) -> None:
-        (dest / "partial.txt").write_text("x")
-        raise RuntimeError("boom")
-
-    monkeypatch.setattr(synth, "write_nextqa_sample", broken)
-    with pytest.raises(RuntimeError, match="boom"):
-        synth.ensure_sample("nextqa", root=tmp_path)
-    assert not any(tmp_path.iterdir())
-    assert not os.path.exists(tmp_path / f"nextqa-v{synth.SAMPLE_VERSION}")
 
 
 def test_shuffled_options_variant(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from relax_gym.envs import synth
+from relax_gym.envs import samples, synth
 from relax_gym.envs.synth_captions import (
     CAPTION_SAMPLES,
     audio_image_caption,
@@ -75,5 +75,5 @@ def test_captions_carry_no_question_options_or_answer_letters(tmp_path):
 
 
 def test_caption_samples_are_cached_samples_with_their_own_version():
-    assert set(CAPTION_SAMPLES) <= set(synth.SAMPLE_NAMES)
-    assert all(synth.sample_version(n) == v for n, v in CAPTION_SAMPLES.items())
+    assert set(CAPTION_SAMPLES) <= set(samples.SAMPLE_NAMES)
+    assert all(samples.sample_version(n) == v for n, v in CAPTION_SAMPLES.items())

@@ -20,7 +20,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from PIL import Image
 
-from relax_gym.envs import synth
+from relax_gym.envs import samples, synth
 from relax_gym.omni import AudioPart, DecodeCache, ImagePart, MediaError, VideoPart
 from relax_gym.omni.sampling import AudioSampling
 
@@ -165,13 +165,13 @@ def test_interrupted_sample_generation_leaves_nothing_half_written(files_before_
         (dest / "videos" / "0.mp4").write_bytes(b"whole")
 
     with scratch() as root, pytest.MonkeyPatch.context() as mp:
-        mp.setattr(synth, "_writers", lambda: {"nextqa": dying_writer})
+        mp.setattr(samples, "_writers", lambda: {"nextqa": dying_writer})
         with pytest.raises(error):
-            synth.ensure_sample("nextqa", root)
+            samples.ensure_sample("nextqa", root)
         assert os.listdir(root) == [], f"left behind: {os.listdir(root)}"
-        mp.setattr(synth, "_writers", lambda: {"nextqa": whole_writer})
-        final = synth.ensure_sample("nextqa", root)
+        mp.setattr(samples, "_writers", lambda: {"nextqa": whole_writer})
+        final = samples.ensure_sample("nextqa", root)
         assert os.listdir(root) == [final.name]
         assert (final / "val.csv").read_text() == "ok\n" and (final / "videos" / "0.mp4").read_bytes() == b"whole"
-        assert synth.ensure_sample("nextqa", root) == final  # reused, not regenerated
+        assert samples.ensure_sample("nextqa", root) == final  # reused, not regenerated
 

@@ -21,7 +21,7 @@ class DatasetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     format: Format
     split: str = "val"
-    sample: Literal["nextqa", "avqa", "nextqa-agent", "avqa-agent"] | None = None  # a name synth.ensure_sample knows
+    sample: Literal["nextqa", "avqa", "nextqa-agent", "avqa-agent"] | None = None  # a name samples.ensure_sample knows
     file: str | None = None  # jsonl: the file inside data_dir (default "{split}.jsonl")
     on_missing: Literal["error", "skip"] = "error"
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from relax_gym.envs.synth import sample_root
+from relax_gym.envs.samples import sample_root
 from relax_gym.envs.synth_captions import CAPTION_SAMPLES
 from relax_gym.omni.render import render
 from relax_gym.trainer.actors.hf import HFActor

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relax_gym.envs.synth import ensure_sample
+from relax_gym.envs.samples import ensure_sample
 from relax_gym.omni import AudioPart, ImagePart, Message, TextPart, VideoPart
 from relax_gym.trainer.base.spec import describe_prompt
 

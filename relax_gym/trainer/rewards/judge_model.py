@@ -42,7 +42,7 @@ from relax_gym.envs.describe_facts import (
     facts_text,
     make_pairs,
 )
-from relax_gym.envs.synth import sample_root
+from relax_gym.envs.samples import sample_root
 from relax_gym.envs.verdict import parse_verdict
 from relax_gym.omni import Message, TextPart
 from relax_gym.omni.render import Rendered, render

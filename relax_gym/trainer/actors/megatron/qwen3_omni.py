@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from relax_gym.trainer.actors.megatron.model import MegatronLanguageModel
+from relax_gym.trainer.actors.megatron.decoder import MegatronLanguageModel
 
 __all__ = ["InterleavedMRope", "Qwen3OmniLanguageModel", "interleaved_mrope"]
 
@@ -48,7 +48,7 @@ class InterleavedMRope(nn.Module):
 
 
 class Qwen3OmniLanguageModel(MegatronLanguageModel):
-    """:class:`~relax_gym.trainer.actors.megatron.model.MegatronLanguageModel` plus the deepstack visual features."""
+    """:class:`~relax_gym.trainer.actors.megatron.decoder.MegatronLanguageModel` plus the deepstack visual features."""
 
     def forward(self, *args: Any, visual_pos_masks: torch.Tensor | None = None,
                 deepstack_visual_embeds: Sequence[torch.Tensor] | None = None, **kwargs: Any) -> Any:
