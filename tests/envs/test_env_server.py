@@ -34,7 +34,7 @@ from relax_gym.envs.remote import (
     ServerStartError,
     launcher,
 )
-from relax_gym.envs.remote.client import _Connection, parse_remote_id
+from relax_gym.envs.remote.client import _Connection, _dropped, parse_remote_id
 from relax_gym.envs.remote.wire import (
     Spool,
     decode_messages,
@@ -403,7 +403,8 @@ def test_the_client_never_sends_a_post_twice_but_reconnects_when_it_can():
             conn.request("GET", "/drop")
         assert _Flaky.seen.count("GET /drop") == 2  # idempotent: once more on a fresh connection
         assert conn.request("POST", "/ok-close", {}) == (200, {})
-        time.sleep(0.2)  # the server's close reaches us while idle: noticed before sending, so a POST goes out fine
+        assert wait_until(lambda: _dropped(conn._conn))  # the server's close reached us while idle ...
+        # ... and is noticed before sending, so a POST goes out fine
         assert conn.request("POST", "/ok", {}) == (200, {})
     finally:
         conn.close()

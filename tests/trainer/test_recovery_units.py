@@ -14,6 +14,8 @@ from relax_gym.trainer.async_engine.recovery import GlobalRestart, ReplacedActor
 from relax_gym.trainer.async_engine.replica import retries_within
 from relax_gym.trainer.rollout.samples import sample_id
 
+from ..waiting import run_on_virtual_clock
+
 
 class Remote:
     """``obj.method.remote(...)`` for a plain object, as a Ray actor handle answers (an awaitable)."""
@@ -135,11 +137,11 @@ def test_a_cancelled_call_cancels_its_request_in_the_replica():
     async def body():
         supervisor = Supervisor(None, budget=1, wait_s=5)
         task = asyncio.ensure_future(supervisor.call("env_worker", Response, "step 1 group 0"))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # simulated time: the call is awaiting its response
         assert not Response.cancelled
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert Response.cancelled
 
-    asyncio.run(body())
+    run_on_virtual_clock(body())
