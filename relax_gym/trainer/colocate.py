@@ -10,9 +10,7 @@ SGLang's protocol to it. Failed episodes are masked and counted in the metrics, 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +44,8 @@ from relax_gym.trainer.rollout.samples import summary_dict
 from relax_gym.trainer.run.base_model import resolve_base
 from relax_gym.trainer.run.checkpoint import (
     CRITIC_DIR,
-    CheckpointFailures,
     CheckpointWriteError,
     TrainerState,
-    eval_history,
     load_checkpoint,
     part_stage,
     reference_model,
@@ -58,27 +54,12 @@ from relax_gym.trainer.run.checkpoint import (
     save_checkpoint,
     trainer_state,
 )
-from relax_gym.trainer.run.lr_schedule import (
-    DecayGate,
-    decayed_fraction,
-    lr_at,
-    progress,
-)
-from relax_gym.trainer.run.metrics import MetricsWriter
+from relax_gym.trainer.run.driver import RunDriver
 from relax_gym.trainer.run.ppo import colocate_ppo_step, start_critic
 from relax_gym.trainer.run.rollout_records import RolloutRecorder
-from relax_gym.trainer.run.schedule import Schedule
 from relax_gym.trainer.run.seeds import eval_seeds, seed_everything, train_seeds
-from relax_gym.trainer.run.step_row import (
-    RewardComponents,
-    episodes_masked,
-    eval_row,
-    rollout_row,
-    summary_end,
-    summary_start,
-    warn_on_tool_crashes,
-)
-from relax_gym.trainer.run.warmup import report_warmup_row, run_warmup
+from relax_gym.trainer.run.step_row import episodes_masked, eval_row, rollout_row
+from relax_gym.trainer.run.warmup import run_warmup
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +75,6 @@ class ColocateTrainer:
         self.cfg = cfg
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.progress = progress or (lambda event, data: None)
-        self.checkpoint_failures = CheckpointFailures()
         seed_everything(cfg.trainer.seed)
         self.model, self.processor = build_policy(cfg.model)
         self.model.train()
@@ -114,21 +94,22 @@ class ColocateTrainer:
                                                                                "max_positions", None))
         self.ref_actor: HFActor | None = None  # frozen copy of the warmed-up policy, for the KL term
         self.critic: Critic | None = None  # algorithm.name=ppo: the value model (built when RL starts)
-        self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard,
-                                     purge_step=self.resume.step + 1 if self.resume else None)
         self.records = RolloutRecorder(self.run_dir, per_step=cfg.metrics.rollouts_per_step,  # for relax-gym view
                                        media_mb=cfg.metrics.rollout_media_mb)
         self.version = 0
         self.rng = np.random.default_rng(cfg.trainer.seed)
-        self.lr_gate = DecayGate(cfg.actor.lr_hold_until_reward, cfg.actor.lr_hold_window)  # when the lr decay starts
-        self.schedule = Schedule(cfg.trainer)  # eval / checkpoint / stop after each step, and the run's clock
-        self.components = RewardComponents()  # the reward components seen in the run: every row keeps them
         self.faults = LocalFaults(FaultSchedule(cfg.faults, self.run_dir), getattr(self.engine_host, "engine", None))
         self.resumed: TrainerState | None = None
         if self.resume is not None and self.resume.path is not None:
             self.resumed = load_checkpoint(self.resume.path, self.actor)
             self.version = self.resumed.version
             self.pusher.push(self.actor.state_dict(), self.version)
+        # the metrics file, schedule, lr gate and step tail both modes share (run/driver.py)
+        self.driver = RunDriver(cfg, self.run_dir, mode=self, progress=self.progress,
+                                purge_step=self.resume.step + 1 if self.resume else None)
+        self.driver.restore_lr_gate(self.resumed.extra.get("lr_gate") if self.resumed is not None else None)
+        self.train_envs: asyncio.Queue | None = None
+        self.eval_envs: asyncio.Queue | None = None
 
     # -- environment pools ----------------------------------------------------------------------------------
 
@@ -181,19 +162,19 @@ class ColocateTrainer:
         if t.sft_warmup_steps == 0:
             return
         run_warmup(self.actor, env, self.processor, self.rng, t, lr=self.cfg.actor.lr,
-                   on_row=lambda i, row: report_warmup_row(self.metrics, self.progress, t, i, row))
+                   on_row=self.driver.warmup_row)
         self._sync_weights()
 
     def _sync_weights(self) -> None:
         self.version += 1
         self.pusher.push(self.actor.state_dict(), self.version)
 
-    async def evaluate(self, envs: asyncio.Queue, step: int = 0) -> dict[str, float]:
+    async def evaluate(self, step: int = 0) -> dict[str, float]:
         n = self.cfg.trainer.eval_episodes
-        trajs = await self._episodes(envs, [(s, i) for i, s in enumerate(eval_seeds(n))], self._sampling(greedy=True))
+        trajs = await self._episodes(self.eval_envs, [(s, i) for i, s in enumerate(eval_seeds(n))], self._sampling(greedy=True))
         await asyncio.to_thread(self.records.write, step, "eval", trajs)
         episodes = [summary_dict(t) for t in trajs]
-        return {**eval_row(episodes, self.components.observe(episodes)), "eval_policy_version": self.version}
+        return {**eval_row(episodes, self.driver.components.observe(episodes)), "eval_policy_version": self.version}
 
     def rl_step(self, trajs: list[Trajectory]) -> dict[str, float]:
         cfg = self.cfg
@@ -241,9 +222,26 @@ class ColocateTrainer:
                 await self.judge.aclose()
 
     async def _loop(self) -> dict[str, float]:
-        cfg, t = self.cfg, self.cfg.trainer
-        resumed = self.resumed
-        start = self.schedule.start(resumed.elapsed_s if resumed is not None else 0.0)
+        """The run: set-up, then per step roll out, train, push, and the tail the driver shares with async mode."""
+        driver, resumed, t = self.driver, self.resumed, self.cfg.trainer
+        driver.start(resumed.elapsed_s if resumed is not None else 0.0)
+        await self._prepare()
+        await driver.open(resumed=resumed is not None)
+        if resumed is not None:  # continue where the checkpoint left off: its random states, its next step
+            restore_rng(resumed.rng, self.rng)
+        step = resumed.step if resumed else 0
+        for step in range(step + 1, t.steps + 1):
+            row, episodes = await self._step(step)
+            if await driver.after_step(step, row, episodes):
+                break
+        summary = driver.finish(step)
+        self._close_envs()
+        return summary
+
+    async def _prepare(self) -> None:
+        """Before the first step: the SFT warm-up (not when resuming), the frozen reference (KL), the critic (PPO),
+        the env pools."""
+        cfg, t, resumed = self.cfg, self.cfg.trainer, self.resumed
         if resumed is None:
             demo_env = relax_gym.make(cfg.env.id, **cfg.env.kwargs)
             await asyncio.to_thread(self.sft_warmup, demo_env)
@@ -253,80 +251,62 @@ class ColocateTrainer:
             self.ref_actor = HFActor(ref_model, self.processor, lr=1.0, micro_batch_size=cfg.actor.micro_batch_size)
         if cfg.algorithm.name == "ppo":  # from the warmed-up policy, or the checkpoint's critic
             self.critic = start_critic(cfg, self.actor, self.processor, self.resume.path if resumed is not None else None)
-        train_envs = self._envs(min(t.concurrency, t.prompts_per_step * t.group_size), cfg.env.kwargs)
-        eval_envs = self._envs(min(t.concurrency, t.eval_episodes), {**cfg.env.kwargs, **cfg.env.eval_kwargs})
-        if resumed is None:
-            last_eval = first_eval = await self.evaluate(eval_envs)
-            self.metrics.write(0, {**last_eval, "policy_version": self.version})
-            self.progress("eval", {"step": 0, **last_eval})
-        else:  # continue where the checkpoint left off: its clock, its random states, its next step
-            last_eval, first_eval = eval_history(self.run_dir)
-            restore_rng(resumed.rng, self.rng)
-        summary = summary_start(first_eval)
-        step = resumed.step if resumed else 0
-        a = cfg.actor
-        if resumed:
-            self.lr_gate = DecayGate.from_state(resumed.extra.get("lr_gate"), a.lr_hold_until_reward, a.lr_hold_window)
-        for step in range(step + 1, t.steps + 1):
-            self.faults.start_step(step)
-            t0 = time.perf_counter()
-            fraction = progress(step - 1, t.steps, t0 - start, t.time_budget_s)
-            lr = lr_at(a.lr, a.lr_schedule, decayed_fraction(fraction, self.lr_gate.decay_from), a.min_lr_ratio)
-            self.actor.set_lr(lr)
-            seeds = train_seeds(t.seed, step, t.prompts_per_step, t.group_size)
-            trajs = await self._episodes(train_envs, seeds, self._sampling(), self.routing)
-            if t.dedupe_media:  # a group's samples hold one media tensor object, not a copy each
-                share_media([x.mm for x in trajs])
-            t1 = time.perf_counter()
-            if step < t.steps:  # the next step's clips decode while this one trains
-                self._prefetch(train_envs, train_seeds(t.seed, step + 1, t.prompts_per_step, t.group_size))
-            m = await asyncio.to_thread(self.rl_step, trajs)
-            t2 = time.perf_counter()
-            await asyncio.to_thread(self._sync_weights)
-            t3 = time.perf_counter()
-            episodes = [summary_dict(x) for x in trajs]
-            await asyncio.to_thread(self.records.write, step, "train", trajs, trained_version=self.version - 1)
-            row = {
-                "episodes_masked": episodes_masked(episodes), **m, **rollout_row(episodes, t1 - t0, self.components.observe(episodes)),
-                "policy_version": self.version, "lr": lr,
-                "time_rollout_s": t1 - t0, "time_train_s": t2 - t1, "time_sync_s": t3 - t2, "time_step_s": t3 - t0,
-                "elapsed_s": self.schedule.elapsed(),
-            }
-            warn_on_tool_crashes(row, len(episodes), step)
-            self.lr_gate.observe(row["reward_mean"], progress(step, t.steps, self.schedule.elapsed(), t.time_budget_s))
-            plan = self.schedule.after(step)
-            if plan.eval:
-                last_eval = await self.evaluate(eval_envs, step)
-                row.update(last_eval)
-            self.metrics.write(step, row)
-            self.progress("step", {"step": step, "of": t.steps, **row, "eval_reward": last_eval["eval_reward"]})
-            if plan.checkpoint:
-                try:
-                    self.checkpoint(step)
-                except CheckpointWriteError as exc:  # disk full: the previous checkpoint stays the resume point
-                    self.checkpoint_failures.record(step, str(exc))
-                    self.progress("checkpoint_failed", {"step": step, "error": str(exc)})
-            if plan.stop:
-                break
-        summary.update({**summary_end(last_eval, first_eval), "steps": step, "elapsed_s": self.schedule.elapsed(),
-                        **self.checkpoint_failures.figures()})
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        for queue in (train_envs, eval_envs):
-            while not queue.empty():
+        self.train_envs = self._envs(min(t.concurrency, t.prompts_per_step * t.group_size), cfg.env.kwargs)
+        self.eval_envs = self._envs(min(t.concurrency, t.eval_episodes), {**cfg.env.kwargs, **cfg.env.eval_kwargs})
+
+    async def _step(self, step: int) -> tuple[dict[str, Any], int]:
+        """One RL step: generate the step's groups, train on them, push the weights; its metrics row (before the
+        driver's eval) and how many episodes it played."""
+        t, clock = self.cfg.trainer, self.driver.schedule.clock
+        self.faults.start_step(step)
+        t0 = clock()
+        lr = self.driver.learning_rate(step)
+        self.actor.set_lr(lr)
+        trajs = await self._episodes(self.train_envs, train_seeds(t.seed, step, t.prompts_per_step, t.group_size),
+                                     self._sampling(), self.routing)
+        if t.dedupe_media:  # a group's samples hold one media tensor object, not a copy each
+            share_media([x.mm for x in trajs])
+        t1 = clock()
+        if step < t.steps:  # the next step's clips decode while this one trains
+            self._prefetch(self.train_envs, train_seeds(t.seed, step + 1, t.prompts_per_step, t.group_size))
+        m = await asyncio.to_thread(self.rl_step, trajs)
+        t2 = clock()
+        await asyncio.to_thread(self._sync_weights)
+        t3 = clock()
+        episodes = [summary_dict(x) for x in trajs]
+        await asyncio.to_thread(self.records.write, step, "train", trajs, trained_version=self.version - 1)
+        return {
+            "episodes_masked": episodes_masked(episodes), **m,
+            **rollout_row(episodes, t1 - t0, self.driver.components.observe(episodes)),
+            "policy_version": self.version, "lr": lr,
+            "time_rollout_s": t1 - t0, "time_train_s": t2 - t1, "time_sync_s": t3 - t2, "time_step_s": t3 - t0,
+            "elapsed_s": self.driver.schedule.elapsed(),
+        }, len(episodes)
+
+    async def save_checkpoint(self, step: int) -> str | None:
+        """The driver's checkpoint call: the error of a failed write (the previous checkpoint stays the resume point)."""
+        try:
+            self.checkpoint(step)
+        except CheckpointWriteError as exc:  # disk full
+            return str(exc)
+        return None
+
+    def _close_envs(self) -> None:
+        for queue in (self.train_envs, self.eval_envs):
+            while queue is not None and not queue.empty():
                 queue.get_nowait().close()
-        return summary
 
     def checkpoint(self, step: int) -> Path:
         """``checkpoints/step_NNNNNN/``: the actor's model and optimizer (hf: save_pretrained; megatron:
         dist_checkpointing), the critic's folder under ppo, and the trainer state (:mod:`~relax_gym.trainer.run.checkpoint`)."""
         state = trainer_state(self.cfg.trainer, step=step, version=self.version, rng=self.rng,
-                              elapsed_s=self.schedule.elapsed(), extra={"lr_gate": self.lr_gate.state()})
+                              elapsed_s=self.driver.schedule.elapsed(), extra=self.driver.trainer_extra())
         parts = {CRITIC_DIR: self.critic.save(part_stage(self.run_dir, step, CRITIC_DIR))} if self.critic is not None else {}
         return save_checkpoint(self.run_dir, self.actor, state, parts=parts)
 
     def close(self) -> None:
         try:
-            self.metrics.close()
+            self.driver.metrics.close()
         finally:
             try:
                 self.actor.close()

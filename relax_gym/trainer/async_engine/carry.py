@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["CarryFeeder", "CarrySlots", "claim_slot"]
@@ -79,12 +80,14 @@ class CarryFeeder:
     order) and answers its episodes' summaries, each with the ``partition`` it joined (None: discarded as too
     stale); ``seal(j)`` is awaited once partition j has all its groups. ``placed`` (sample id -> partition) and
     ``discarded`` (sample ids) are the run's ledger, shared with the controller; ``spawn`` makes the group tasks
-    (the controller's, so that a group that fails for good stops the run). Nothing polls: the loop sleeps on
-    an event set when a group ends and when the gate advances (:meth:`poke`)."""
+    (the controller's, so that a group that fails for good stops the run); ``clock``: the controller's (a
+    partition's rollout time). Nothing polls: the loop sleeps on an event set when a group ends and when the gate
+    advances (:meth:`poke`)."""
 
     def __init__(self, gate: Any, *, groups_per_step: int, max_in_flight: int, first: int, end: int, cursor: int,
-                 run_group: Any, seal: Any, placed: dict[str, int], discarded: list[str], spawn: Any = None) -> None:
-        self.gate = gate
+                 run_group: Any, seal: Any, placed: dict[str, int], discarded: list[str], spawn: Any = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.gate, self.clock = gate, clock
         self.groups_per_step, self.max_in_flight = groups_per_step, max_in_flight
         self.first, self.end, self.cursor = first, end, cursor
         self._run_group, self._seal = run_group, seal
@@ -120,7 +123,7 @@ class CarryFeeder:
             await self._changed.wait()
 
     async def _one(self, i: int, born: int) -> None:
-        start = time.perf_counter()
+        start = self.clock()
         try:
             answers = await self._run_group(i, born)
             j = answers[0]["partition"] if answers else None
@@ -136,7 +139,7 @@ class CarryFeeder:
             if self._groups[j] == self.groups_per_step:
                 await self._seal(j)
                 episodes = self._episodes.pop(j)
-                self._future(j).set_result({"episodes": episodes, "time_rollout_s": time.perf_counter() - self._started.pop(j)})
+                self._future(j).set_result({"episodes": episodes, "time_rollout_s": self.clock() - self._started.pop(j)})
         finally:  # out of the running set before the loop wakes: it launches in this group's place at once
             self.running.discard(asyncio.current_task())
             self._changed.set()

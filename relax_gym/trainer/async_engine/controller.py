@@ -43,31 +43,28 @@ Faults (``faults:``) are fired when a step's rollout starts.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from relax_gym.trainer.async_engine.carry import CarryFeeder, claim_slot
 from relax_gym.trainer.async_engine.deploy import RoleSpec, Topology, ensure_ray, plan_roles, start_serve
+from relax_gym.trainer.async_engine.launches import LaunchedStep, Launches
 from relax_gym.trainer.async_engine.ledger import SampleLedger
 from relax_gym.trainer.rewards.judge_host import resolve_judge
 from relax_gym.trainer.run.base_model import resolve_base
-from relax_gym.trainer.run.checkpoint import (CRITIC_DIR, REFERENCE_DIR, CheckpointError, CheckpointFailures, ResumePoint, eval_history,
-                                              resume_point)
+from relax_gym.trainer.run.checkpoint import CRITIC_DIR, REFERENCE_DIR, CheckpointError, ResumePoint, resume_point
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.dcs.push import weight_transport
 from relax_gym.trainer.faults.schedule import FaultSchedule
-from relax_gym.trainer.run.lr_schedule import DecayGate, progress
-from relax_gym.trainer.run.metrics import MetricsWriter
-from relax_gym.trainer.run.schedule import Schedule
+from relax_gym.trainer.run.driver import RunDriver
 from relax_gym.trainer.run.seeds import eval_seeds, prompt_seed
-from relax_gym.trainer.run.step_row import (RewardComponents, episodes_masked, eval_row, rollout_row, summary_end,
-                                            summary_start, warn_on_tool_crashes)
-from relax_gym.trainer.run.warmup import report_warmup_row
+from relax_gym.trainer.run.step_row import episodes_masked, eval_row, rollout_row
 from relax_gym.trainer.policy.moe import routing_dims
 from relax_gym.trainer.async_engine.recovery import GlobalRestart, RecoveryError, is_replica_failure, kill_rank, kill_replica
 from relax_gym.trainer.rollout.samples import masked_row, masked_summary, sample_id
@@ -83,13 +80,28 @@ GROUP_ATTEMPTS = 3  # a group whose env worker fails is re-sent (to any replica)
 EVAL_CHUNK = 8  # eval episodes per env-worker call
 
 
+@dataclass
+class _Pace:
+    """The training loop's clock readings: when it started, when the last step ended, each step's data wait."""
+
+    start: float
+    previous: float
+    steps_done: int
+    waits: list[tuple[float, float]] = field(default_factory=list)  # (actor's data wait, step's wall time)
+
+
 class AsyncTrainer:
     """The async-mode counterpart of :class:`~relax_gym.trainer.colocate.ColocateTrainer` (same constructor, same
     ``run`` / ``close``, same run-directory layout). Deployment: :mod:`~relax_gym.trainer.async_engine.deploy`; the
     sample ledger: :mod:`~relax_gym.trainer.async_engine.ledger`; what both modes share: :mod:`relax_gym.trainer.run`."""
 
-    def __init__(self, cfg: RelaxConfig, run_dir: Path, *, progress=None, resume: bool = False) -> None:
-        """``resume``: continue ``run_dir`` from its latest checkpoint (``relax-gym train --resume``)."""
+    def __init__(self, cfg: RelaxConfig, run_dir: Path, *, progress=None, resume: bool = False,
+                 clock: Callable[[], float] = time.perf_counter, gate: Callable[..., StalenessGate] = StalenessGate,
+                 topology: Any = None) -> None:
+        """``resume``: continue ``run_dir`` from its latest checkpoint (``relax-gym train --resume``). ``clock``
+        (the run's, its steps' and its rollouts' timings), ``gate`` (makes the staleness gate: ``gate(S, trained=)``)
+        and ``topology`` (what :class:`~relax_gym.trainer.async_engine.deploy.Topology` gives) are the planner's
+        to replace: it drives this controller on a virtual clock over simulated roles (trainer/plan/real_drive.py)."""
         if cfg.trainer.mode != "async":
             raise ValueError(f"AsyncTrainer needs trainer.mode=async (got {cfg.trainer.mode!r}); use ColocateTrainer")
         self.cfg = cfg
@@ -100,15 +112,14 @@ class AsyncTrainer:
         if cfg.judge is not None:  # a named judge is built here once; the genrm replicas load its checkpoint
             cfg = cfg.model_copy(update={"judge": resolve_judge(cfg.judge)})
         self.cfg = cfg
-        self.checkpoint_failures = CheckpointFailures()
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.progress = progress or (lambda event, data: None)
-        self.metrics = MetricsWriter(self.run_dir, tensorboard=cfg.metrics.tensorboard,
-                                     purge_step=self.resume.step + 1 if self.resume else None)
+        self.clock, self._make_gate = clock, gate
+        # the metrics file, schedule, lr gate and step tail both modes share (run/driver.py)
+        self.driver = RunDriver(cfg, self.run_dir, mode=self, progress=self.progress, clock=clock,
+                                purge_step=self.resume.step + 1 if self.resume else None)
         self.faults = FaultSchedule(cfg.faults, self.run_dir)
-        self.schedule = Schedule(cfg.trainer)  # eval / checkpoint / stop after each step, and the run's clock
-        self.components = RewardComponents()  # the reward components seen in the run: every row keeps them
-        self.topology = Topology(cfg, str(self.run_dir))
+        self.topology = topology if topology is not None else Topology(cfg, str(self.run_dir))
         self.ledger = SampleLedger(cfg.trainer)
         self.level1: Counter[str] = Counter()  # replicas replaced in topologies already torn down, by role
         self.level2 = 0  # global restarts
@@ -119,8 +130,6 @@ class AsyncTrainer:
         self.base_version = 0
         self.reference_path: str | None = None
         self.feeder: CarryFeeder | None = None
-        a = cfg.actor
-        self.lr_gate = DecayGate(a.lr_hold_until_reward, a.lr_hold_window)  # when the lr decay starts
         self._restore_ledger()
         self._started_ray = False
         self._closed = False
@@ -155,13 +164,31 @@ class AsyncTrainer:
             await self.topology.close_bus()
 
     async def _loop(self) -> dict[str, Any]:
-        t = self.cfg.trainer
+        """The run: set-up, then the launcher runs rollouts ahead (as far as the staleness gate allows) while this
+        loop trains each step and hands its row to the tail the driver shares with colocate mode."""
+        first = await self._prepare()
+        gate, launches = self._make_gate(self.cfg.trainer.max_staleness, trained=first), Launches()
+        launcher, feeder = self._start_launching(gate, launches, first)
+        pace = _Pace(start=self.clock(), previous=self.clock(), steps_done=first)
+        try:
+            for k in range(first, self.cfg.trainer.steps):
+                row, episodes = await self._step(await launches.take(k), gate, pace)
+                pace.steps_done = k + 1
+                if await self.driver.after_step(k + 1, row, episodes):
+                    break
+        finally:
+            await self._stop_launching(gate, launcher, feeder, launches)
+        return await self._finish(first, pace)
+
+    async def _prepare(self) -> int:
+        """Before the first step: the run's clock, the actor's warm-up, the reference policy (KL), the critic (PPO),
+        the first eval; the first step to train (counted from 0)."""
         resumed = self.resume.state if self.resume is not None else None  # None: from the start (warm-up, eval)
-        start = self.schedule.start(float(resumed.extra.get("elapsed_s", resumed.elapsed_s)) if resumed is not None else 0.0)
+        self.driver.start(float(resumed.extra.get("elapsed_s", resumed.elapsed_s)) if resumed is not None else 0.0)
         actor = self.handles["actor"]
         warm = await self._actor(lambda: actor.warmup.remote(), "the warm-up")
         for i, row in enumerate(warm["rows"]):
-            report_warmup_row(self.metrics, self.progress, t, i, row)
+            self.driver.warmup_row(i, row)
         self.version = self.base_version = int(warm["version"])
         self.reference_path = None
         if "reference" in self.handles:
@@ -174,115 +201,114 @@ class AsyncTrainer:
                 self.reference_path = str(ref)
         if "critic" in self.handles:  # ppo: the value model starts from the warmed-up policy, or the checkpoint's critic
             await self._start_critic(resumed is None, first=resumed.step if resumed is not None else 0)
-        if resumed is None:
-            last_eval = first_eval = await self._evaluate(0)
-            self.metrics.write(0, {**last_eval, "policy_version": self.version})
-            self.progress("eval", {"step": 0, **last_eval})
-        else:  # continue after the checkpoint: its step, its clock
-            last_eval, first_eval = eval_history(self.run_dir)
-        summary: dict[str, Any] = summary_start(first_eval)
-        first = resumed.step if resumed is not None else 0
-        gate = StalenessGate(t.max_staleness, trained=first)
-        launched: dict[int, asyncio.Event] = {k: asyncio.Event() for k in range(first, t.steps)}
-        rollouts: dict[int, asyncio.Task] = {}
-        streams: dict[int, list[asyncio.Task]] = {}
-        ledger = self.ledger
+        await self.driver.open(resumed=resumed is not None)
+        return resumed.step if resumed is not None else 0
+
+    def _start_launching(self, gate: StalenessGate, launches: Launches, first: int) -> tuple[asyncio.Task, asyncio.Task | None]:
+        """The launcher's task and, with straggler carry, the feeder's (which keeps groups running)."""
+        t, ledger = self.cfg.trainer, self.ledger
         if t.stragglers == "carry":
             self.feeder = CarryFeeder(gate, groups_per_step=t.prompts_per_step, max_in_flight=self._groups_in_flight(),
                                       first=first, end=t.steps, cursor=max(ledger.carry_cursor, first * t.prompts_per_step),
                                       run_group=self._carried_group, seal=lambda j: self.bus.seal(j, self._rows_per_step()),
-                                      placed=ledger.placed, discarded=ledger.discarded, spawn=self._spawn)
+                                      placed=ledger.placed, discarded=ledger.discarded, spawn=self._spawn, clock=self.clock)
         feeder = self._spawn(self.feeder.run()) if self.feeder is not None else None
-        launcher = self._spawn(self._launch(gate, launched, rollouts, streams, first))
-        loop_start = time.perf_counter()
-        previous = loop_start
-        steps_done, waits = first, []
-        try:
-            for k in range(first, t.steps):
-                await launched[k].wait()
-                res, critic_metrics = await _together(self._actor(lambda: actor.train_step.remote(
-                    k, self._rows_per_step(), t.group_size, max_staleness=t.max_staleness,
-                    with_reference="reference" in self.handles, lr_decay_from=self.lr_gate.decay_from), f"step {k + 1}"),
-                    self._critic_step(k))
-                res["metrics"].update(critic_metrics)
-                self.version = int(res["version"])
-                await gate.advance(k + 1)
-                if self.feeder is not None:
-                    self.feeder.poke()
-                roll = await rollouts.pop(k)
-                stream_answers = await asyncio.gather(*streams.pop(k))
-                await self.bus.drop_partition(k)
-                now = time.perf_counter()
-                row = self._step_row(res, roll, stream_answers[0], step_s=now - previous, elapsed=now - start)
-                warn_on_tool_crashes(row, len(roll["episodes"]), k + 1)
-                previous = now
-                steps_done = k + 1
-                waits.append((row["data_wait_s"], row["time_step_s"]))
-                self.lr_gate.observe(row["reward_mean"], progress(steps_done, t.steps, self.schedule.elapsed(), t.time_budget_s))
-                plan = self.schedule.after(steps_done)
-                if plan.eval:
-                    last_eval = await self._evaluate(steps_done)
-                    row.update(last_eval)
-                self.metrics.write(steps_done, row)
-                self.progress("step", {"step": steps_done, "of": t.steps, **row, "eval_reward": last_eval["eval_reward"]})
-                if plan.checkpoint:
-                    await self._checkpoint(steps_done)
-                if plan.stop:
-                    break
-        finally:
-            await gate.close()
-            launcher.cancel()
-            for task in self._side_tasks + ([feeder] if feeder is not None else []):
-                task.cancel()
-            await asyncio.gather(launcher, *self._side_tasks, *([feeder] if feeder is not None else []), return_exceptions=True)
-            if self.feeder is not None:
-                await self.feeder.stop()
-            await self._abandon(rollouts, streams)
-        loop_s = time.perf_counter() - loop_start
-        summary.update({
-            **summary_end(last_eval, first_eval),
-            "steps": steps_done, "elapsed_s": self.schedule.elapsed(), "mode": "async", "max_staleness": t.max_staleness,
+        return self._spawn(self._launch(gate, launches, first)), feeder
+
+    async def _stop_launching(self, gate: StalenessGate, launcher: asyncio.Task, feeder: asyncio.Task | None,
+                              launches: Launches) -> None:
+        """The run stopped (its last step, the time budget, a failure): stop launching, abandon what is in flight."""
+        await gate.close()
+        launcher.cancel()
+        for task in self._side_tasks + ([feeder] if feeder is not None else []):
+            task.cancel()
+        await asyncio.gather(launcher, *self._side_tasks, *([feeder] if feeder is not None else []), return_exceptions=True)
+        if self.feeder is not None:
+            await self.feeder.stop()
+        await self._abandon(launches)
+
+    async def _step(self, launched: LaunchedStep, gate: StalenessGate, pace: _Pace) -> tuple[dict[str, Any], int]:
+        """Train step k (the actor streams its partition; the critic beside it under PPO), let the gate advance,
+        collect the step's rollout and streams; its metrics row (before the driver's eval) and its episode count."""
+        k = launched.step
+        res = await self._train(k)
+        self.version = int(res["version"])
+        await gate.advance(k + 1)
+        if self.feeder is not None:
+            self.feeder.poke()
+        roll = await launched.rollout_answer()
+        stream_answers = await launched.stream_answers()
+        await self.bus.drop_partition(k)
+        now = self.clock()
+        row = self._step_row(res, roll, stream_answers[0], step_s=now - pace.previous,
+                             elapsed=now - self.driver.schedule.start_time)
+        pace.previous = now
+        pace.waits.append((row["data_wait_s"], row["time_step_s"]))
+        return row, len(roll["episodes"])
+
+    async def _train(self, k: int) -> dict[str, Any]:
+        """The actor's ``train_step`` on partition k (and PPO's critic update beside it): the actor's answer, the
+        critic's metrics merged into its ``metrics``."""
+        t, actor = self.cfg.trainer, self.handles["actor"]
+        res, critic_metrics = await _together(self._actor(lambda: actor.train_step.remote(
+            k, self._rows_per_step(), t.group_size, max_staleness=t.max_staleness,
+            with_reference="reference" in self.handles, lr_decay_from=self.driver.lr_gate.decay_from), f"step {k + 1}"),
+            self._critic_step(k))
+        res["metrics"].update(critic_metrics)
+        return res
+
+    async def _finish(self, first: int, pace: _Pace) -> dict[str, Any]:
+        """The summary: the driver's, with this mode's throughput, data wait, sample ledger and recovery figures."""
+        t, ledger, steps_done = self.cfg.trainer, self.ledger, pace.steps_done
+        loop_s = self.clock() - pace.start
+        return self.driver.finish(steps_done, {
+            "mode": "async", "max_staleness": t.max_staleness,
             "steps_per_hour": 3600.0 * (steps_done - first) / loop_s if loop_s > 0 else 0.0,
-            "data_wait_fraction": _share(waits),  # actor waiting for data / wall time of its steps
-            "data_wait_fraction_steady": _share(waits[t.max_staleness + 1 :]),  # once the pipeline is full
+            "data_wait_fraction": _share(pace.waits),  # actor waiting for data / wall time of its steps
+            "data_wait_fraction_steady": _share(pace.waits[t.max_staleness + 1 :]),  # once the pipeline is full
             **ledger.figures(), "policy_version": self.version,
             "stragglers": t.stragglers, "samples_discarded_stale": len(ledger.discarded),
-            **await self._recovery_figures(steps_done), **self.checkpoint_failures.figures(),
+            **await self._recovery_figures(steps_done),
         })
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        return summary
 
     def _rows_per_step(self) -> int:
         return self.cfg.trainer.prompts_per_step * self.cfg.trainer.group_size
 
-    async def _launch(self, gate: StalenessGate, launched: dict[int, asyncio.Event], rollouts: dict[int, asyncio.Task],
-                      streams: dict[int, list[asyncio.Task]], first: int = 0) -> None:
+    async def _launch(self, gate: StalenessGate, launches: Launches, first: int = 0) -> None:
         """Start each step's rollout (and its streaming consumers) as soon as the staleness gate allows, then fire
         the faults due at that step."""
         t = self.cfg.trainer
-        n = self._rows_per_step()
         for k in range(first, t.steps):
             await gate.wait_for(k)
-            await self.bus.open_partition(k, expected_rows=n, group_size=t.group_size)
-            rollouts[k] = self._spawn(self.feeder.rollout(k) if self.feeder is not None else self._rollout(k))
-            calls = [self._stream("advantages", k, lambda k=k: self.handles["advantages"].process.remote(k, n, t.group_size))]
-            if "reference" in self.handles:
-                calls.append(self._stream("reference", k, lambda k=k: self.handles["reference"].process.remote(k, n, self.reference_path)))
-            if "critic" in self.handles:  # ppo: the critic's values, which the advantages role's GAE waits for
-                calls.append(self._stream("critic", k, lambda k=k: self.handles["critic"].values.remote(k, n)))
-            streams[k] = [self._spawn(c) for c in calls]
-            launched[k].set()
+            await self.bus.open_partition(k, expected_rows=self._rows_per_step(), group_size=t.group_size)
+            rollout = self._spawn(self.feeder.rollout(k) if self.feeder is not None else self._rollout(k))
+            launches.publish(LaunchedStep(k, rollout, [self._spawn(c) for c in self._stream_calls(k)]))
             if self.faults.section.inject:
                 self._side_tasks.append(self._spawn(self._inject(k)))
 
+    def _stream_calls(self, k: int) -> list[Any]:
+        """Step k's streaming calls: the advantages role, the reference role (KL), the critic's values (PPO: the
+        advantages role's GAE waits for them)."""
+        n, g = self._rows_per_step(), self.cfg.trainer.group_size
+        calls = [self._stream("advantages", k, self._role_call("advantages", "process", k, n, g))]
+        if "reference" in self.handles:
+            calls.append(self._stream("reference", k, self._role_call("reference", "process", k, n, self.reference_path)))
+        if "critic" in self.handles:
+            calls.append(self._stream("critic", k, self._role_call("critic", "values", k, n)))
+        return calls
+
+    def _role_call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+        """A role's call as the supervisor sends (and re-sends) it: the handle is looked up at each try."""
+        return lambda: getattr(self.handles[role], method).remote(*args, **kwargs)
+
     async def _rollout(self, k: int) -> dict[str, Any]:
         t = self.cfg.trainer
-        t0 = time.perf_counter()
+        t0 = self.clock()
         groups = await asyncio.gather(*(self._group(k, p, prompt_seed(t.seed, k + 1, p)) for p in range(t.prompts_per_step)))
         await self.bus.seal(k, self._rows_per_step())
         episodes = [e for g in groups for e in g]
         self.ledger.produced.extend(e["sample_id"] for e in episodes)
-        return {"episodes": episodes, "time_rollout_s": time.perf_counter() - t0}
+        return {"episodes": episodes, "time_rollout_s": self.clock() - t0}
 
     def _groups_in_flight(self) -> int:
         """Carry: groups kept running — colocate's per-step budget of episodes (``trainer.concurrency``, at most a
@@ -328,11 +354,12 @@ class AsyncTrainer:
             self.ledger.given_up.extend(sids)
         return [masked_summary(sid, group, f"{type(error).__name__}: {error}", k) for sid in sids]
 
-    async def _abandon(self, rollouts: dict[int, asyncio.Task], streams: dict[int, list[asyncio.Task]]) -> None:
+    async def _abandon(self, launches: Launches) -> None:
         """A stopped run (time budget, failure): cancel the steps still in flight and drop their partitions (their
         samples were produced for steps that will not be trained; the summary counts them as unconsumed)."""
-        for k in sorted(set(rollouts) | set(streams)):
-            tasks = [t for t in [rollouts.pop(k, None), *streams.pop(k, [])] if t is not None]
+        for launched in launches.unfinished():
+            k, tasks = launched.step, launched.pending()
+            launched.rollout, launched.streams = None, []
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -354,7 +381,7 @@ class AsyncTrainer:
             row["episodes_trained"] = res["episodes_trained"]
         row.update(res["metrics"])
         row.update({
-            **rollout_row(episodes, roll["time_rollout_s"], self.components.observe(episodes)),
+            **rollout_row(episodes, roll["time_rollout_s"], self.driver.components.observe(episodes)),
             "policy_version": res["version"], "trained_version": res["trained_version"],
             "rollout_version_min": res["rollout_version_min"], "rollout_version_max": res["rollout_version_max"],
             "staleness_avg": res["staleness_avg"], "staleness_max": res["staleness_max"],
@@ -365,17 +392,15 @@ class AsyncTrainer:
         })
         return row
 
-    async def _evaluate(self, step: int) -> dict[str, float]:
+    async def evaluate(self, step: int) -> dict[str, float]:
         """The colocate trainer's eval: greedy episodes on the eval split (:func:`~relax_gym.trainer.run.seeds.eval_seeds`);
         ``step``: the metrics step it belongs to (its rollout records go to that step's file)."""
         seeds = eval_seeds(self.cfg.trainer.eval_episodes)
-        worker = self.handles["env_worker"]
         chunks = [seeds[i : i + EVAL_CHUNK] for i in range(0, len(seeds), EVAL_CHUNK)]
-        answers = await asyncio.gather(*(self.supervisor.call(
-            "env_worker", lambda i=i, c=c: worker.evaluate.remote(c, step=step, first_index=i * EVAL_CHUNK), "eval")
-            for i, c in enumerate(chunks)))
+        answers = await asyncio.gather(*(self.supervisor.call("env_worker", self._role_call(
+            "env_worker", "evaluate", c, step=step, first_index=i * EVAL_CHUNK), "eval") for i, c in enumerate(chunks)))
         episodes = [e for a in answers for e in a]
-        return {**eval_row(episodes, self.components.observe(episodes)), "eval_policy_version": self.version}
+        return {**eval_row(episodes, self.driver.components.observe(episodes)), "eval_policy_version": self.version}
 
     # -- recovery ------------------------------------------------------------------------------------------------
 
@@ -453,12 +478,12 @@ class AsyncTrainer:
                 await self.handles[role].arm_fault.remote(spec.kind, spec.count)
                 self.faults.record(fault, topology=self.prefix)
 
-    async def _checkpoint(self, step: int) -> None:
+    async def save_checkpoint(self, step: int) -> str | None:
         """The actor writes the checkpoint; the controller adds its sample ledger, the bus cursor and its clock.
         Rows of partitions after ``step`` are not saved: a resumed run regenerates them from their seeds, under
-        the same sample ids."""
+        the same sample ids. The error of a write that failed (the driver records it), else None."""
         extra = {**self.ledger.checkpoint_extra(step, self.feeder.cursor if self.feeder is not None else None),
-                 "lr_gate": self.lr_gate.state(), "elapsed_s": self.schedule.elapsed()}
+                 **self.driver.trainer_extra(), "elapsed_s": self.driver.schedule.elapsed()}
         actor = self.handles["actor"]
         parts = {}
         if "critic" in self.handles:  # staged by the critic role, moved into the checkpoint by the actor's save
@@ -467,9 +492,7 @@ class AsyncTrainer:
                                                            f"critic checkpoint {step}")
         written = await self._actor(lambda: actor.checkpoint.remote(step, str(self.run_dir), extra, parts),
                                     f"checkpoint {step}")
-        if written["error"]:
-            self.checkpoint_failures.record(step, written["error"])
-            self.progress("checkpoint_failed", {"step": step, "error": written["error"]})
+        return written["error"]
 
     async def _start_critic(self, fresh: bool, first: int) -> None:
         """Build the critic role's value model: from the warmed-up policy (``fresh``: saved by the actor, or the
@@ -494,9 +517,7 @@ class AsyncTrainer:
         """The sample ledger and the lr gate as the checkpoint being resumed saved them (empty when starting over)."""
         state = self.resume.state if self.resume is not None else None
         self.ledger.restore(state)
-        a = self.cfg.actor
-        extra = state.extra if state is not None else {}
-        self.lr_gate = DecayGate.from_state(extra.get("lr_gate"), a.lr_hold_until_reward, a.lr_hold_window)
+        self.driver.restore_lr_gate(state.extra.get("lr_gate") if state is not None else None)
 
     async def _global_restart(self, cause: GlobalRestart) -> None:
         """Level 2: tear the topology down and prepare to start it again from the latest checkpoint."""
@@ -509,10 +530,10 @@ class AsyncTrainer:
         self.level1.update(await self.topology.take_restarts())
         await self.topology.teardown()  # the next start uses a new prefix
         self._side_tasks = []
-        self.metrics.close()
+        self.driver.metrics.close()
         self.resume = resume_point(self.run_dir, self.cfg.trainer)  # rewinds metrics.jsonl to the checkpoint
         self.restarted_from.append(self.resume.step)
-        self.metrics = MetricsWriter(self.run_dir, tensorboard=self.cfg.metrics.tensorboard, purge_step=self.resume.step + 1)
+        self.driver.reopen_metrics(purge_step=self.resume.step + 1)
         self._restore_ledger()
 
     async def _recovery_figures(self, steps_done: int) -> dict[str, Any]:
@@ -530,7 +551,7 @@ class AsyncTrainer:
         if self._closed:
             return
         self._closed = True
-        self.metrics.close()
+        self.driver.metrics.close()
         try:
             self.topology.close(shutdown_ray=self._started_ray)
         except Exception:  # noqa: BLE001 - never mask the run's own error

@@ -113,17 +113,18 @@ class Supervisor:
     """Level-1 recovery for one topology: retried role calls and the restart watch.
 
     ``registry``: the :class:`ReplicaRegistry` actor handle; ``budget``: replacements allowed per role;
-    ``wait_s``: how long a call keeps retrying while its role is replaced."""
+    ``wait_s``: how long a call keeps retrying while its role is replaced, on ``clock`` (the planner hands in its
+    virtual one)."""
 
-    def __init__(self, registry: Any, *, budget: int, wait_s: float) -> None:
-        self.registry = registry
+    def __init__(self, registry: Any, *, budget: int, wait_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry, self.clock = registry, clock
         self.budget = int(budget)
         self.wait_s = float(wait_s)
         self.failed_calls: Counter[str] = Counter()  # calls that hit a dying replica, by role
 
     async def call(self, role: str, make: Callable[[], Awaitable[T]], what: str) -> T:
         """``await make()`` (one handle call), again while the replica that should answer is being replaced."""
-        deadline = time.monotonic() + self.wait_s
+        deadline = self.clock() + self.wait_s
         delay = 0.2
         while True:
             try:
@@ -136,7 +137,7 @@ class Supervisor:
                 self.failed_calls[role] += 1
                 if role in STATEFUL_ROLES:
                     raise GlobalRestart(f"the {role} replica died during {what}: {type(exc).__name__}") from exc
-                if time.monotonic() + delay > deadline:
+                if self.clock() + delay > deadline:
                     raise GlobalRestart(f"{what}: the {role} role stayed unreachable for {self.wait_s:g} s "
                                         f"(roles.replica_wait_s): {type(exc).__name__}: {exc}") from exc
                 log.warning("%s: a %s replica died (%s); retrying once it is replaced", what, role, type(exc).__name__)

@@ -34,7 +34,7 @@ import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["VirtualDeadlock", "VirtualTimeError", "VirtualTimeLoop", "run_virtual"]
+__all__ = ["VirtualDeadlock", "VirtualTimeError", "VirtualTimeLoop", "loop_time", "run_virtual"]
 
 T = TypeVar("T")
 
@@ -183,3 +183,9 @@ def run_virtual(main: Coroutine[Any, Any, T], *, start: float = 0.0, debug: bool
     cancel the tasks it left, close the loop."""
     with asyncio.Runner(debug=debug, loop_factory=lambda: VirtualTimeLoop(start)) as runner:
         return runner.run(main)
+
+
+def loop_time() -> float:
+    """The running loop's clock: on a :class:`VirtualTimeLoop` its virtual seconds. What the planner hands the
+    controller (and its supervisor, carry feeder and schedule) as their clock."""
+    return asyncio.get_running_loop().time()

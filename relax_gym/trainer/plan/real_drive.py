@@ -13,7 +13,8 @@ steps), ``_launch``, ``_rollout``, ``_carried_group``, ``_group`` (re-sends and 
 :class:`~relax_gym.trainer.async_engine.recovery.ReplicaRegistry`), the staleness gate, the carry feeder and slots,
 the in-process bus and the advantages role. Only the deployment is replaced: :class:`SimTopology` hands the
 controller deployment-handle look-alikes (``handle.method.remote(...)``) of the simulated env worker, actor and
-reference (:mod:`.sim_roles`), and the controller's clocks read the loop's virtual time. Faults are the simulated
+reference (:mod:`.sim_roles`), and the controller is handed the loop's virtual clock (``clock=``, also its
+supervisor's and carry feeder's) and a staleness gate that logs (``gate=``). Faults are the simulated
 roles' own (:class:`RoleFaults`): a call that fails the way a dying Serve replica fails (``RayActorError``), after
 which the registry counts a replacement, so the recovery paths run as in a real run.
 
@@ -36,9 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relax_gym.trainer.async_engine import carry as carry_module
-from relax_gym.trainer.async_engine import controller as controller_module
-from relax_gym.trainer.async_engine import recovery as recovery_module
 from relax_gym.trainer.async_engine.carry import CarrySlots
 from relax_gym.trainer.async_engine.controller import AsyncTrainer
 from relax_gym.trainer.async_engine.recovery import ReplicaRegistry, Supervisor
@@ -46,7 +44,7 @@ from relax_gym.trainer.async_engine.roles.advantages import AdvantagesRole
 from relax_gym.trainer.async_engine.staleness import StalenessGate
 from relax_gym.trainer.config import RelaxConfig, TrainerSection
 from relax_gym.trainer.databus import InProcessBus
-from relax_gym.trainer.plan.clock import run_virtual
+from relax_gym.trainer.plan.clock import loop_time, run_virtual
 from relax_gym.trainer.plan.costs import Costs
 from relax_gym.trainer.plan.sim_roles import (
     EnginePool,
@@ -260,7 +258,7 @@ class SimTopology:
         self.actor = roles["actor"]
         self.handles = {name: SimHandle(name, role, self) for name, role in roles.items()}
         self.registry = _Registry(ReplicaRegistry({name: 1 for name in roles}))
-        self.supervisor = Supervisor(self.registry, budget=r.restart_budget, wait_s=r.replica_wait_s)
+        self.supervisor = Supervisor(self.registry, budget=r.restart_budget, wait_s=r.replica_wait_s, clock=loop_time)
         for name in roles:
             await self.registry.body.started(name, f"{name}-0")
 
@@ -290,38 +288,6 @@ def _logging_gate(log: EventLog) -> type:
     return LoggedGate
 
 
-class _VirtualTime:
-    """``time`` as the controller's modules use it, reading the running loop's clock."""
-
-    def perf_counter(self) -> float:
-        return asyncio.get_running_loop().time()
-
-    monotonic = perf_counter
-
-    def __getattr__(self, name: str) -> Any:
-        import time
-
-        return getattr(time, name)
-
-
-@contextlib.contextmanager
-def _virtual_clocks(log: EventLog):
-    """The controller's modules read the loop's clock (and its gate logs) while the drive runs."""
-    modules = (controller_module, carry_module, recovery_module)
-    saved = [m.time for m in modules]
-    gate = controller_module.StalenessGate
-    clock = _VirtualTime()
-    for m in modules:
-        m.time = clock
-    controller_module.StalenessGate = _logging_gate(log)
-    try:
-        yield
-    finally:
-        for m, t in zip(modules, saved):
-            m.time = t
-        controller_module.StalenessGate = gate
-
-
 def drive(costs: Costs, cfg: RelaxConfig | dict[str, Any], *, faults: RoleFaults | None = None,
           run_dir: str | Path | None = None) -> DriveResult:
     """Run the controller for ``cfg.trainer.steps`` steps against the simulated roles (see the module docstring).
@@ -338,23 +304,23 @@ def drive(costs: Costs, cfg: RelaxConfig | dict[str, Any], *, faults: RoleFaults
     with contextlib.ExitStack() as stack:
         if run_dir is None:
             run_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="relax-plan-"))
-        trainer = AsyncTrainer(cfg, Path(run_dir))
         topology = SimTopology(costs, cfg, faults=faults)
-        trainer.topology = topology
+        built: list[AsyncTrainer] = []
 
         async def main() -> dict[str, Any]:
             await topology.start()
-            # the run's schedule (eval, checkpoints, its clock) on the loop's clock
-            trainer.schedule = type(trainer.schedule)(cfg.trainer, clock=asyncio.get_running_loop().time)
+            # built inside the virtual loop: its schedule reads the loop's clock from the start
+            trainer = AsyncTrainer(cfg, Path(run_dir), clock=loop_time, gate=_logging_gate(topology.log), topology=topology)
+            built.append(trainer)
             try:
                 return await trainer._supervised(trainer._loop())
             finally:
                 topology.engine_figures = engine_figures(topology.pool)
 
         try:
-            with _virtual_clocks(topology.log):
-                summary = run_virtual(main())
+            summary = run_virtual(main())
         finally:
-            trainer.metrics.close()
+            for trainer in built:
+                trainer.driver.metrics.close()
         rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return DriveResult(summary, [r for r in rows if r.get("step", 0) >= 1 and "time_step_s" in r], topology.log, topology)

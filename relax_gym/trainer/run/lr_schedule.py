@@ -19,7 +19,7 @@ from typing import Any
 
 from relax_gym.trainer.config import LRSchedule
 
-__all__ = ["DecayGate", "LRSchedule", "decayed_fraction", "lr_at", "progress"]
+__all__ = ["DecayGate", "LRSchedule", "decayed_fraction", "lr_at", "progress", "step_lr"]
 
 
 def progress(step: int, steps: int, elapsed_s: float = 0.0, budget_s: float | None = None) -> float:
@@ -51,6 +51,14 @@ def decayed_fraction(fraction: float, decay_from: float | None) -> float:
     if decay_from >= 1.0:
         return 1.0
     return min(1.0, max(0.0, (fraction - decay_from) / (1.0 - decay_from)))
+
+
+def step_lr(actor: Any, trainer: Any, done: int, elapsed_s: float, decay_from: float | None) -> float:
+    """The learning rate of the step after ``done`` steps, ``elapsed_s`` seconds into the run, the decay started at
+    ``decay_from`` (:class:`DecayGate`); ``actor`` / ``trainer``: the config's sections. Both modes' one formula
+    (the colocate loop and the async actor role)."""
+    fraction = decayed_fraction(progress(done, trainer.steps, elapsed_s, trainer.time_budget_s), decay_from)
+    return lr_at(actor.lr, actor.lr_schedule, fraction, actor.min_lr_ratio)
 
 
 class DecayGate:

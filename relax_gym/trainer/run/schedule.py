@@ -33,16 +33,16 @@ class Schedule:
 
     def __init__(self, trainer: Any, clock=time.perf_counter) -> None:
         self.trainer = trainer
-        self._clock = clock
+        self.clock = clock
         self.start_time = clock()
 
     def start(self, already_s: float = 0.0) -> float:
         """Start the run's clock now, ``already_s`` seconds in (the time a resumed run had spent); its start time."""
-        self.start_time = self._clock() - float(already_s)
+        self.start_time = self.clock() - float(already_s)
         return self.start_time
 
     def elapsed(self) -> float:
-        return self._clock() - self.start_time
+        return self.clock() - self.start_time
 
     def over_budget(self) -> bool:
         budget = self.trainer.time_budget_s
