@@ -6,7 +6,8 @@
 #     scripts/test_under_load.sh                       # the whole suite
 #     scripts/test_under_load.sh tests/sandbox/test_pool.py -x
 #
-# The loops are killed however the script ends; it exits with the suite's status.
+# The loops are killed however the script ends; it exits with the status of `make test` (0 when the suite passes;
+# make reports any failure of it as 2).
 set -u
 cd "$(dirname "$0")/.."
 
