@@ -1,7 +1,9 @@
 """The house rules of DESIGN.md and docs/architecture.md, checked on the source: one direction of dependency between
-packages, and inside the trainer between its subsystem folders.
+packages, inside the trainer between its subsystem folders, and no import circle between any two files.
 
-Imports under ``if TYPE_CHECKING:`` are type hints only (no run-time dependency) and are not counted."""
+Every import counts: at module level, inside a function, and under ``if TYPE_CHECKING:`` (a type hint is a
+dependency too: a factory typed with the config tree above it ties the two folders as surely as a call does; a
+lower folder declares a Protocol of what it reads instead)."""
 
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ FORBIDDEN = {
 
 # The trainer's units (a folder, or one of the root modules) and the units each may import. Read bottom-up:
 # algorithms <- policy <- {engines, actors} <- {rollout, dcs, base} <- config <- rewards <- run <- {colocate, async_engine} <- train.
-# Only async_engine uses the data bus (and plan, which runs it on a virtual clock); nothing imports tools (python -m
-# entry points).
+# Only async_engine uses the data bus (plan reaches it only through async_engine, whose controller it runs on a
+# virtual clock); nothing imports tools (python -m entry points).
 LOW = {"algorithms", "faults", "databus"}
 ALLOWED: dict[str, set[str]] = {
     "algorithms": set(),
@@ -40,7 +42,8 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"policy", "algorithms", "engines"},  # the episode runner speaks the engine's protocol
     "dcs": {"policy", "algorithms", "actors"},  # never engines: engines get their receiving end injected
     "base": {"policy", "algorithms", "actors", "engines"},  # the base stage: a captioning SFT before any run
-    "config": {"algorithms", "faults", "policy", "engines", "base"},
+    # the config tree holds the sections the subsystems below it own (actors/settings.py, engines/settings.py, ...)
+    "config": {"algorithms", "faults", "policy", "engines", "actors", "base"},
     # the judge (GenRM core), its engine in colocate mode and the judge models built in code
     "rewards": {"algorithms", "policy", "engines", "actors", "rollout", "config", "base"},
     "run": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "base", "rewards"},
@@ -51,33 +54,19 @@ ALLOWED: dict[str, set[str]] = {
     "tools": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "colocate", "base",
               "async_engine", "databus", "rewards", "models"},
     # the planner (relax-gym plan): the async controller, its scheduling pieces and the in-process bus on a virtual clock
-    "plan": {"async_engine", "databus", "config", "rollout"},
+    "plan": {"async_engine", "config", "rollout"},
 }
 # relax_gym packages outside the trainer each unit may use (only the episode-running and driving units meet envs)
 ENVS_USERS = {"rollout", "run", "colocate", "async_engine", "tools", "base", "rewards"}
 ROOT_UNITS = {"config_loader": "config"}  # root modules that belong to another unit
 
 
-def _type_checking_only(tree: ast.AST) -> set[int]:
-    """Line numbers of imports inside ``if TYPE_CHECKING:`` blocks."""
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for sub in node.body:
-                for inner in ast.walk(sub):
-                    if isinstance(inner, (ast.Import, ast.ImportFrom)):
-                        lines.add(inner.lineno)
-    return lines
-
-
 def imported_modules(path: Path) -> set[str]:
-    """Dotted names of every ``relax_gym`` module ``path`` imports (at module level or inside functions)."""
+    """Dotted names of every ``relax_gym`` module ``path`` imports (anywhere in the file), and of every name it
+    imports from one (``from a.b import c`` gives ``a.b`` and ``a.b.c``: ``c`` may be a module)."""
     tree = ast.parse(path.read_text())
-    skip = _type_checking_only(tree)
     found = set()
     for node in ast.walk(tree):
-        if getattr(node, "lineno", None) in skip:
-            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -170,4 +159,93 @@ def test_trainer_checker_sees_violations(tmp_path, monkeypatch):
         "relax_gym.trainer.dcs.client.DCSClient (engines may not import dcs)"]
     assert trainer_violations(fake / "dcs" / "client.py") == ["relax_gym.trainer.engines.client (dcs may not import engines)"]
     assert trainer_violations(fake / "policy" / "tokenizer.py") == ["relax_gym (policy may not use the environments)"]
-    assert trainer_violations(fake / "dcs" / "typed.py") == []
+    assert trainer_violations(fake / "dcs" / "typed.py") == [  # a type hint ties the folders too
+        "relax_gym.trainer.engines (dcs may not import engines)",
+        "relax_gym.trainer.engines.client (dcs may not import engines)"]
+
+
+# ---------------------------------------------------------------------------------------------- file-level circles
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """Every module under ``root`` (a ``relax_gym`` folder) by dotted name; a package by its ``__init__.py``."""
+    out = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def file_graph(root: Path) -> dict[str, set[str]]:
+    """Which module file imports which, counting every import as :func:`imported_modules` does. ``import a.b`` is an
+    edge to ``a/b.py`` (or ``a/b/__init__.py``); ``from a.b import c`` to ``a/b/c.py`` when ``c`` is a module, else
+    to ``a/b``'s file (the package that a submodule is imported from is its parent, already being imported: no edge)."""
+    files = module_files(root)
+
+    def resolve(name: str) -> str | None:
+        parts = name.split(".")
+        while parts and ".".join(parts) not in files:
+            parts.pop()
+        return ".".join(parts) or None
+
+    graph = {}
+    for module, path in files.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {resolve(a.name) for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else resolve(node.module)
+                            for a in node.names}
+        graph[module] = {t for t in targets if t is not None and t != module}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_between_files():
+    found = circles(file_graph(PKG))
+    assert not found, "files that import each other (move the shared piece to a lower module): " + "; ".join(
+        " <-> ".join(group) for group in found)
+
+
+def test_circle_checker_sees_a_circle_through_a_function_and_a_type_hint(tmp_path):
+    pkg = tmp_path / "relax_gym"
+    (pkg / "envs").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "envs" / "__init__.py").write_text("")
+    (pkg / "envs" / "a.py").write_text("def f():\n    from relax_gym.envs.b import B\n")
+    (pkg / "envs" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from relax_gym.envs import c\n")
+    (pkg / "envs" / "c.py").write_text("import relax_gym.envs.a\n")
+    (pkg / "envs" / "d.py").write_text("from relax_gym.envs import a, b\n")  # imports the circle, is not in it
+    assert circles(file_graph(pkg)) == [["relax_gym.envs.a", "relax_gym.envs.b", "relax_gym.envs.c"]]

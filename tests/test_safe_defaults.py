@@ -100,7 +100,8 @@ def test_embedded_engine_server_binds_loopback_by_default():
 def test_engine_host_defaults_are_loopback_everywhere():
     import inspect
 
-    from relax_gym.trainer.config import InferenceSection, load_recipe
+    from relax_gym.trainer.config import load_recipe
+    from relax_gym.trainer.engines.settings import InferenceSection
     from relax_gym.trainer.engines.http_server import EngineServer, serve
     from relax_gym.trainer.engines.process import spawn_engine
 

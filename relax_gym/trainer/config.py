@@ -21,16 +21,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from relax_gym.trainer.actors.settings import ActorSection, CriticSection
+from relax_gym.trainer.actors.settings import LRSchedule  # noqa: F401 - run/lr_schedule.py still imports it from here
 from relax_gym.trainer.algorithms import AlgorithmConfig
 from relax_gym.trainer.base.spec import BASES
 from relax_gym.trainer.config_loader import ConfigError, load_config
+from relax_gym.trainer.engines.settings import InferenceSection, SGLangSection
 from relax_gym.trainer.faults.schedule import FaultsSection
 from relax_gym.trainer.policy import PolicyConfig
-
-#: ``actor.lr_schedule``: how the RL phase's learning rate decays (relax_gym.trainer.run.lr_schedule)
-LRSchedule = Literal["constant", "linear", "cosine"]
 
 __all__ = ["ConfigError", "RelaxConfig", "load_recipe"]
 
@@ -43,41 +43,6 @@ class EnvSection(_Section):
     id: str = "nextqa-video"
     kwargs: dict[str, Any] = Field(default_factory=lambda: {"split": "train"})  # training episodes
     eval_kwargs: dict[str, Any] = Field(default_factory=lambda: {"split": "val"})  # held-out evaluation episodes
-
-
-class SGLangSection(_Section):
-    """``inference.engine: sglang``: how each inference replica launches ``python -m sglang.launch_server``."""
-
-    model_path: str | None = None  # the Hugging Face checkpoint SGLang serves (None: model.path)
-    python: str | None = None  # the interpreter that has sglang (None: this one); e.g. a second environment's
-    tp_size: int = Field(default=1, ge=1)  # --tp-size: GPUs per server
-    port: int = Field(default=0, ge=0, le=65535)  # 0: a free port on inference.host (loopback by default)
-    mem_fraction_static: float = Field(default=0.7, gt=0, lt=1)  # --mem-fraction-static: GPU share for weights + KV
-    extra_args: tuple[str, ...] = ()  # further launch_server flags, passed verbatim (not the ones above)
-    startup_timeout_s: float = Field(default=900.0, gt=0)  # until /health_generate answers 200
-    weight_sync: Literal["nccl", "disk"] = "nccl"  # nccl falls back to disk when NCCL cannot be used
-    disk_dir: str | None = None  # disk pushes: a directory the actor and the servers both see (None: a temp dir)
-
-    @field_validator("extra_args")
-    @classmethod
-    def _not_owned(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from relax_gym.trainer.engines.sglang import OWNED_FLAGS
-
-        clash = sorted({a.split("=", 1)[0] for a in v if a.split("=", 1)[0] in OWNED_FLAGS})
-        if clash:
-            raise ValueError(f"repeats {clash}, which the launcher sets from model_path / inference.host / port / "
-                             "tp_size / mem_fraction_static")
-        return v
-
-
-class InferenceSection(_Section):
-    engine: Literal["embedded", "sglang"] = "embedded"  # sglang: a real SGLang server per replica (GPU)
-    sglang: SGLangSection = Field(default_factory=SGLangSection)  # used when engine is sglang
-    max_new_tokens: int = Field(default=16, ge=1)
-    temperature: float = Field(default=1.0, gt=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    max_batch: int = Field(default=128, ge=1)  # requests per engine batch (and per coalesced HTTP request)
-    host: str = "127.0.0.1"  # the engine's HTTP server binds loopback unless told otherwise
 
 
 class JudgeSection(_Section):
@@ -98,74 +63,6 @@ class JudgeSection(_Section):
         """The judge engine's settings (it always answers greedily: its requests ask for temperature 0)."""
         return InferenceSection(engine=self.engine, sglang=self.sglang, max_new_tokens=self.max_new_tokens,
                                 max_batch=self.max_batch)
-
-
-class ParallelSection(_Section):
-    """How the megatron actor is sharded: one process per rank, world size ``tp * pp * dp`` (``cp`` must stay 1)."""
-
-    tp: int = Field(default=1, ge=1)  # tensor parallel: each matrix split over tp ranks (vision/audio towers replicated)
-    pp: int = Field(default=1, ge=1)  # pipeline parallel: decoder layers split into pp stages (towers on stage 0)
-    dp: int = Field(default=1, ge=1)  # data parallel: each micro-batch split over dp ranks, gradients summed
-    ep: int = Field(default=1, ge=1)  # expert parallel (qwen3_omni_moe): experts split over ep of the dp ranks
-    cp: int = Field(default=1, ge=1)  # context parallel: refused (needs CUDA attention kernels; see runtime.py)
-    # auto: world size 1 trains in this process, more ranks in a Ray rank group; ray: a rank group even for one rank
-    launcher: Literal["auto", "ray"] = "auto"
-    num_cpus_per_rank: float = Field(default=1.0, gt=0)  # Ray placement-group bundle per rank (never empty)
-    num_gpus_per_rank: float = Field(default=0.0, ge=0)  # 1 on a GPU cluster (nccl); 0 on a CPU (gloo)
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
-
-    @model_validator(mode="after")
-    def _fits(self) -> ParallelSection:
-        if self.cp != 1:
-            raise ValueError(f"actor.parallel.cp={self.cp}: context parallel is not supported -- megatron-core splits "
-                             "attention over cp ranks only with Transformer Engine's ring attention (CUDA), and this "
-                             "backend runs megatron-core's local attention with an explicit mask")
-        if (self.dp * self.cp) % self.ep:
-            raise ValueError(f"actor.parallel.ep={self.ep} must divide actor.parallel.dp={self.dp}: experts are "
-                             "split over the data-parallel ranks (Megatron's layout)")
-        return self
-
-
-class ActorSection(_Section):
-    # hf: plain torch; megatron: megatron-core's GPTModel as the policy's language decoder (relax_gym/trainer/actors/megatron/actor.py)
-    backend: Literal["hf", "megatron"] = "hf"
-    parallel: ParallelSection = Field(default_factory=ParallelSection)  # megatron only: the rank layout
-    lr: float = Field(default=2e-4, gt=0)
-    lr_schedule: LRSchedule = "constant"  # RL phase: decay to min_lr_ratio * lr over the run (steps or time budget)
-    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
-    # hold the peak lr until the mean training reward of the last lr_hold_window steps exceeds this, then decay over
-    # what remains of the run (None: decay from the first step); see relax_gym/trainer/run/lr_schedule.py
-    lr_hold_until_reward: float | None = None
-    lr_hold_window: int = Field(default=50, ge=1)
-    betas: tuple[float, float] = (0.9, 0.99)
-    weight_decay: float = Field(default=0.0, ge=0)
-    grad_clip: float = Field(default=1.0, gt=0)
-    micro_batch_size: int = Field(default=32, ge=1)
-    epochs_per_step: int = Field(default=1, ge=1)
-
-    @model_validator(mode="after")
-    def _parallel_sizes(self) -> ActorSection:
-        p = self.parallel
-        if self.backend != "megatron" and (p.world != 1 or p.ep != 1 or p.launcher != "auto"):
-            raise ValueError(f"actor.parallel (tp={p.tp}, pp={p.pp}, dp={p.dp}, ep={p.ep}, launcher={p.launcher}) "
-                             f"applies to actor.backend=megatron, not {self.backend!r}")
-        return self
-
-
-class CriticSection(_Section):
-    """``algorithm.name: ppo``: the value model's optimiser and batching (relax_gym/trainer/actors/critic.py). Its
-    architecture and starting weights are the warmed-up policy's; it trains in plain torch (hf) whatever
-    ``actor.backend`` is, at a constant learning rate."""
-
-    lr: float = Field(default=1e-4, gt=0)
-    betas: tuple[float, float] = (0.9, 0.99)
-    weight_decay: float = Field(default=0.0, ge=0)
-    grad_clip: float = Field(default=1.0, gt=0)
-    micro_batch_size: int = Field(default=32, ge=1)
-    epochs: int = Field(default=1, ge=1)  # optimiser steps per RL step, each over the step's whole batch
 
 
 class TrainerSection(_Section):

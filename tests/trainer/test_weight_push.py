@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from relax_gym.trainer.config import InferenceSection
+from relax_gym.trainer.engines.settings import InferenceSection
 from relax_gym.trainer.dcs import DCSCoordinator, DCSError, checkpoint_names
 from relax_gym.trainer.dcs.push import DCSPush, LocalPush, in_thread, make_pusher, weight_transport
 from relax_gym.trainer.policy import build_policy

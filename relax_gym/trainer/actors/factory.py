@@ -15,18 +15,16 @@ weights (``hf_model`` of either backend) and nothing else reads its weights.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from relax_gym.trainer.actors.critic import Critic
 from relax_gym.trainer.actors.hf import HFActor
-
-if TYPE_CHECKING:  # the config tree sits above the actors (docs/architecture.md): a type hint only
-    from relax_gym.trainer.config import RelaxConfig
+from relax_gym.trainer.actors.settings import ActorRecipe
 
 __all__ = ["build_actor", "build_critic"]
 
 
-def build_actor(cfg: "RelaxConfig", model: Any, processor: Any, *, group_name: str | None = None) -> HFActor:
+def build_actor(cfg: ActorRecipe, model: Any, processor: Any, *, group_name: str | None = None) -> HFActor:
     a = cfg.actor
     kwargs: dict[str, Any] = dict(lr=a.lr, betas=a.betas, weight_decay=a.weight_decay, grad_clip=a.grad_clip,
                                   micro_batch_size=a.micro_batch_size, routing_replay=cfg.algorithm.routing_replay)
@@ -52,7 +50,7 @@ def build_actor(cfg: "RelaxConfig", model: Any, processor: Any, *, group_name: s
     return MegatronActor(model, processor, parallel=sizes, seed=cfg.trainer.seed, **kwargs)
 
 
-def build_critic(cfg: RelaxConfig, backbone: Any, processor: Any) -> Critic:
+def build_critic(cfg: ActorRecipe, backbone: Any, processor: Any) -> Critic:
     """The value model of ``algorithm.name=ppo`` on ``backbone`` (a copy of the policy it then owns), with the
     ``critic:`` section's optimiser."""
     c = cfg.critic

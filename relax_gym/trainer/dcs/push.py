@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -34,14 +34,30 @@ from relax_gym.trainer.dcs.link import EngineAPI
 from relax_gym.trainer.dcs.service import SharedCoordinator
 from relax_gym.trainer.dcs.transports import Transport
 
-if TYPE_CHECKING:
-    from relax_gym.trainer.config import InferenceSection
-
 __all__ = ["DCSPush", "LocalPush", "WeightPush", "in_thread", "make_pusher", "push_transport", "weight_transport"]
 
 log = logging.getLogger(__name__)
 
 MAX_DEAD_ENGINES = 4  # engines dropped (and pushes retried) within one push at most
+
+
+class _WeightSync(Protocol):
+    @property
+    def weight_sync(self) -> str: ...
+
+    @property
+    def disk_dir(self) -> str | None: ...
+
+
+class InferenceSettings(Protocol):
+    """What a push reads of the ``inference:`` section (the engines' ``InferenceSection`` has it): declared here, so
+    the DCS imports neither the engines nor the config tree."""
+
+    @property
+    def engine(self) -> str: ...
+
+    @property
+    def sglang(self) -> _WeightSync: ...
 
 
 @runtime_checkable
@@ -53,7 +69,7 @@ class WeightPush(Protocol):
     def close(self) -> None: ...
 
 
-def weight_transport(inference: InferenceSection) -> str:
+def weight_transport(inference: InferenceSettings) -> str:
     """The DCS transport name of a run's coordinator: ``tcp`` for embedded engines, ``inference.sglang.weight_sync``
     for SGLang."""
     return inference.sglang.weight_sync if inference.engine == "sglang" else "tcp"
@@ -135,7 +151,7 @@ class DCSPush:
         self.client.close()
 
 
-def make_pusher(inference: InferenceSection, *, names: Mapping[str, str] | None = None, engine: Any = None,
+def make_pusher(inference: InferenceSettings, *, names: Mapping[str, str] | None = None, engine: Any = None,
                 urls: list[str] | tuple[str, ...] = (), coordinator: Any = None) -> WeightPush:
     """The pusher a run uses (see the module doc). ``coordinator``: the run's shared coordinator (async mode);
     else ``engine``: the embedded engine object in this process (colocate), or ``urls``: the engines a new

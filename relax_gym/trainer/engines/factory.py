@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from relax_gym.trainer.engines.client import AsyncEngineClient, EngineClient, EngineError, EngineHTTPError
+from relax_gym.trainer.engines.settings import InferenceSection
 
 if TYPE_CHECKING:
-    from relax_gym.trainer.config import InferenceSection
     from relax_gym.trainer.policy import PolicyConfig
 
 __all__ = ["EmbeddedHost", "EngineHost", "SGLangHost", "sglang_model_path", "start_engine"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from relax_gym.trainer.config import InferenceSection
+from relax_gym.trainer.engines.settings import InferenceSection
 from relax_gym.trainer.dcs.names import checkpoint_names
 from relax_gym.trainer.engines.client import AsyncEngineClient, EngineClient, EngineHTTPError
 from relax_gym.trainer.engines.factory import SGLangHost, start_engine

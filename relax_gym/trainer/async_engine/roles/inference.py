@@ -21,7 +21,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from relax_gym.trainer.config import InferenceSection
+from relax_gym.trainer.engines.settings import InferenceSection
 from relax_gym.trainer.engines.client import EngineHTTPError
 from relax_gym.trainer.engines.factory import start_engine
 from relax_gym.trainer.policy import PolicyConfig
