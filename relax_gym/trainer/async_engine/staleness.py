@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["StalenessGate", "staleness", "staleness_stats"]
+__all__ = ["StalenessGate", "off_policy_tis_cap", "staleness", "staleness_stats"]
 
 
 class StalenessGate:
@@ -74,3 +75,11 @@ def staleness_stats(values: Iterable[int]) -> dict[str, float]:
     if not vals:
         return {"staleness_avg": 0.0, "staleness_max": 0}
     return {"staleness_avg": sum(vals) / len(vals), "staleness_max": max(vals)}
+
+
+def off_policy_tis_cap(algorithm: Any, trainer: Any, max_staleness: int) -> float | None:
+    """The truncated-IS cap a step trains with: ``algorithm.tis_cap`` or, when that is unset and S >= 1,
+    ``trainer.off_policy_tis_cap`` (None: no correction). The actor role's rule, which the planner's actor follows."""
+    if algorithm.tis_cap is not None:
+        return algorithm.tis_cap
+    return trainer.off_policy_tis_cap if max_staleness >= 1 else None

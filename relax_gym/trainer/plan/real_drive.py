@@ -37,13 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relax_gym.trainer.async_engine.bus_source import in_process_bus
 from relax_gym.trainer.async_engine.carry import CarrySlots
+from relax_gym.trainer.async_engine.contracts import EpisodeAnswer
 from relax_gym.trainer.async_engine.controller import AsyncTrainer
 from relax_gym.trainer.async_engine.recovery import ReplicaRegistry, Supervisor
 from relax_gym.trainer.async_engine.roles.advantages import AdvantagesRole
 from relax_gym.trainer.async_engine.staleness import StalenessGate
 from relax_gym.trainer.config import RelaxConfig, TrainerSection
-from relax_gym.trainer.databus import InProcessBus
 from relax_gym.trainer.plan.clock import loop_time, run_virtual
 from relax_gym.trainer.plan.costs import Costs
 from relax_gym.trainer.plan.sim_roles import (
@@ -53,6 +54,7 @@ from relax_gym.trainer.plan.sim_roles import (
     SimEnvWorker,
     SimReference,
     SimWeights,
+    episode_answer,
 )
 
 __all__ = ["DriveResult", "RoleFaults", "SimHandle", "SimTopology", "drive", "engine_figures", "episode_slots", "groups_in_flight"]
@@ -176,7 +178,6 @@ class _Actor:
     def __init__(self, sim: SimActor) -> None:
         self.sim = sim
         self.checkpoints: list[tuple[int, dict[str, Any]]] = []  # (step, the controller's extra state)
-        self.staleness: list[int] = []
 
     async def checkpoint(self, step: int, run_dir: str, extra: dict[str, Any], parts: dict[str, Any]) -> dict[str, Any]:
         """Writing takes no simulated time; the controller's state (sample ledger, carry cursor) is kept."""
@@ -185,11 +186,6 @@ class _Actor:
 
     async def warmup(self) -> dict[str, Any]:
         return {"rows": [], "version": self.sim.version}
-
-    async def train_step(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        res = await self.sim.train_step(*args, **kwargs)
-        self.staleness.extend(res["staleness"])  # every consumed sample's (the planner's histogram)
-        return res
 
     async def save_reference(self, path: str) -> str:
         return path
@@ -205,9 +201,8 @@ class _EnvWorker:
     def __init__(self, sim: SimEnvWorker) -> None:
         self.sim = sim
 
-    async def evaluate(self, seeds: list[int], *, step: int | None = None, first_index: int = 0) -> list[dict[str, Any]]:
-        return [{"sample_id": f"eval-{s}", "reward": 0.0, "status": "ok", "trainable": True, "completion_tokens": 0}
-                for s in seeds]
+    async def evaluate(self, seeds: list[int], *, step: int | None = None, first_index: int = 0) -> list[EpisodeAnswer]:
+        return [episode_answer(f"eval-{s}", first_index + i, 0.0, 0, []) for i, s in enumerate(seeds)]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sim, name)
@@ -245,12 +240,13 @@ class SimTopology:
         replica, as a real one does when it starts."""
         c, t, r = self.costs, self.cfg.trainer, self.cfg.roles
         self.pool = EnginePool(self.replicas, c.generation)
-        self.bus = InProcessBus(lease_timeout=None, clock=asyncio.get_running_loop().time)  # fetch timeouts in sim time
+        self.bus = in_process_bus(lease_timeout=None, clock=loop_time)  # fetch timeouts in sim time
         self.slots = (CarrySlots(t.prompts_per_step, t.max_staleness, first=0, end=t.steps)
                       if t.stragglers == "carry" else None)
         worker = SimEnvWorker(c, t.seed, self.pool, self.log, bus=self.bus, slots=self.slots,
                               episodes=asyncio.Semaphore(c.cluster.episode_slots or episode_slots(t)))
-        actor = SimActor(c, self.bus, SimWeights(self.pool, c, self.log), self.actor_gpus, self.log)
+        actor = SimActor(c, self.bus, SimWeights(self.pool, c, self.log), self.actor_gpus, self.log,
+                         algorithm=self.cfg.algorithm, trainer=t)
         roles = {"env_worker": _EnvWorker(worker), "actor": _Actor(actor),
                  "advantages": AdvantagesRole(self.cfg.algorithm.model_dump(mode="json"), self.bus)}
         if c.train.ref_s_per_token > 0:
@@ -264,7 +260,7 @@ class SimTopology:
 
     @property
     def staleness(self) -> list[int]:
-        return self.actor.staleness if self.handles else []
+        return self.actor.sim.staleness if self.handles else []
 
     async def close_bus(self) -> None:
         pass

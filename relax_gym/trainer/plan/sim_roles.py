@@ -18,7 +18,11 @@ bus, and spend virtual time from the cost models (:mod:`.costs`) where the real 
   micro-batches fetched from the bus as they are ready (the next fetch is in flight while one trains), the wait
   for each counted as data wait, a forward + backward per micro-batch that forwards anything (zero-advantage and
   masked rows are not forwarded), one optimiser step, then the weight push (:class:`SimWeights`); staleness per
-  sample from the real :func:`~relax_gym.trainer.async_engine.staleness.staleness`.
+  sample from the real :func:`~relax_gym.trainer.async_engine.staleness.staleness` (kept in ``staleness`` for the
+  planner's histogram, not in the answer).
+
+Every simulated role answers the real role's contract (:mod:`~relax_gym.trainer.async_engine.contracts`): the same
+keys, so the controller reads a simulated run exactly as a real one (tests/trainer/roles/test_role_contracts.py).
 
 The advantages role is not simulated: the schedule runs the real
 :class:`~relax_gym.trainer.async_engine.roles.advantages.AdvantagesRole` on the same bus (its compute is
@@ -35,11 +39,15 @@ import hashlib
 import heapq
 import json
 from collections import deque
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
 from relax_gym.trainer.async_engine.carry import claim_slot
-from relax_gym.trainer.async_engine.staleness import staleness, staleness_stats
+from relax_gym.trainer.async_engine.contracts import ActorStepAnswer, EpisodeAnswer, StreamAnswer
+from relax_gym.trainer.async_engine.staleness import off_policy_tis_cap, staleness, staleness_stats
+from relax_gym.trainer.config import AlgorithmConfig, TrainerSection
+from relax_gym.trainer.rollout.samples import EpisodeSummary
 from relax_gym.trainer.plan.costs import (
     Costs,
     EpisodeDraw,
@@ -48,7 +56,8 @@ from relax_gym.trainer.plan.costs import (
     group_rng,
 )
 
-__all__ = ["Engine", "EnginePool", "EventLog", "SimActor", "SimEnvWorker", "SimReference", "SimWeights", "parse_sample_id"]
+__all__ = ["Engine", "EnginePool", "EventLog", "SimActor", "SimEnvWorker", "SimReference", "SimWeights", "episode_answer",
+           "parse_sample_id"]
 
 
 def _now() -> float:
@@ -60,6 +69,14 @@ def parse_sample_id(sid: str) -> tuple[int, int, int]:
     (:func:`~relax_gym.trainer.rollout.samples.sample_id`)."""
     step, group, member = sid.split("-")
     return int(step[1:]), int(group[1:]), int(member)
+
+
+def episode_answer(sid: str, group: int, reward: float, completion_tokens: int, versions: list[int],
+                   **placed: Any) -> EpisodeAnswer:
+    """A simulated episode's answer in the env worker's contract (``placed``: ``partition=`` for a training group)."""
+    return EpisodeAnswer(**asdict(EpisodeSummary(sample_id=sid, group_id=int(group), reward=float(reward), status="ok",
+                                                 trainable=True, completion_tokens=int(completion_tokens),
+                                                 policy_versions=list(versions))), **placed)
 
 
 class EventLog:
@@ -286,7 +303,7 @@ class SimEnvWorker:
         return draws, list(versions), self.rewards(sids)
 
     async def run_group(self, partition: int | None, group: int, seeds: list[int], sample_ids: list[str], *,
-                        born: int | None = None) -> list[dict[str, Any]]:
+                        born: int | None = None) -> list[EpisodeAnswer]:
         """The env-worker role's call (``seeds`` are not used: an episode's draws come from its sample id)."""
         self.log.add("group_start", group=group, partition=partition, first=sample_ids[0], born=born)
         started = _now()
@@ -303,8 +320,7 @@ class SimEnvWorker:
             await self.bus.put(partition, rows)
         self.log.add("group_end", group=group, partition=partition, first=sample_ids[0],
                      version_min=min(min(v) for v in versions))
-        return [{"sample_id": sid, "reward": r, "status": "ok", "trainable": True, "completion_tokens": d.completion_tokens,
-                 "policy_versions": v, "partition": partition}
+        return [episode_answer(sid, group, r, d.completion_tokens, v, partition=partition)
                 for sid, d, v, r in zip(sample_ids, draws, versions, rewards, strict=True)]
 
 
@@ -317,7 +333,7 @@ class SimReference:
         self.costs, self.bus = costs, bus
         self.factor = costs.train.factor(actor_gpus)
 
-    async def process(self, partition: int, n_rows: int, reference_path: str | None = None) -> dict[str, int]:
+    async def process(self, partition: int, n_rows: int, reference_path: str | None = None) -> StreamAnswer:
         done = forwarded = 0
         while done < n_rows:
             batch = await self.bus.fetch(partition, self.TASK, ["tokens", "trainable"], self.costs.train.micro_batch_size)
@@ -330,19 +346,24 @@ class SimReference:
             await self.bus.put_fields(partition, list(batch.sample_ids), {"ref_logprobs": [[] for _ in batch.sample_ids]})
             await self.bus.ack(batch)
             done += len(batch.sample_ids)
-        return {"rows": done, "forwarded": forwarded}
+        return StreamAnswer(rows=done, forwarded=forwarded)
 
 
 class SimActor:
-    """The actor role's ``train_step`` (see the module docstring); ``weights``: a :class:`SimWeights`."""
+    """The actor role's ``train_step`` (see the module docstring); ``weights``: a :class:`SimWeights`;
+    ``algorithm`` / ``trainer``: the run's sections (the truncated-IS cap the answer names). ``staleness``: every
+    consumed sample's, in order."""
 
     TASK = "actor"
     FIELDS: ClassVar[list[str]] = ["group_id", "trainable", "keep", "advantages", "tokens", "policy_versions"]
 
-    def __init__(self, costs: Costs, bus: Any, weights: SimWeights, actor_gpus: int, log: EventLog) -> None:
+    def __init__(self, costs: Costs, bus: Any, weights: SimWeights, actor_gpus: int, log: EventLog, *,
+                 algorithm: AlgorithmConfig | None = None, trainer: TrainerSection | None = None) -> None:
         self.costs, self.bus, self.weights, self.log = costs, bus, weights, log
+        self.algorithm, self.trainer = algorithm or AlgorithmConfig(), trainer or TrainerSection()
         self.factor = costs.train.factor(actor_gpus)
         self.version = 0
+        self.staleness: list[int] = []
 
     def compute_s(self, tokens: int) -> float:
         """One micro-batch that forwards ``tokens`` tokens (0: nothing forwarded, nothing spent)."""
@@ -350,7 +371,7 @@ class SimActor:
         return (t.s_per_micro_batch + tokens * t.s_per_token) * self.factor if tokens > 0 else 0.0
 
     async def train_step(self, partition: int, n_rows: int, group_size: int, *, max_staleness: int = 0,
-                         with_reference: bool = False, lr_decay_from: float | None = 0.0) -> dict[str, Any]:
+                         with_reference: bool = False, lr_decay_from: float | None = 0.0) -> ActorStepAnswer:
         bus = self.bus
         fields = self.FIELDS + (["ref_logprobs"] if with_reference else [])
         trained_version = self.version
@@ -403,9 +424,11 @@ class SimActor:
         self.log.add("train_end", step=partition, consumed=len(consumed), trained=trained)
         sync_s = await self.weights.push(self.version + 1)
         self.version += 1
-        return {
+        self.staleness.extend(stale)
+        return ActorStepAnswer(**{
             "metrics": {}, "version": self.version, "trained_version": trained_version, "sample_ids": consumed,
-            "staleness": stale, "episodes_trained": trained, "partial_groups": 0, **staleness_stats(stale),
+            "episodes_trained": trained, "partial_groups": 0, **staleness_stats(stale),
             "rollout_version_min": min(versions) if versions else -1, "rollout_version_max": max(versions) if versions else -1,
             "data_wait_s": wait, "time_train_s": compute, "time_sync_s": sync_s, "actor_step_s": _now() - t_start,
-        }
+            "tis_cap": off_policy_tis_cap(self.algorithm, self.trainer, max_staleness),
+        })

@@ -37,15 +37,16 @@ from relax_gym.trainer.run.checkpoint import CheckpointWriteError, TrainerState,
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.run.warmup import run_warmup
 from relax_gym.trainer.run.seeds import seed_everything
-from relax_gym.trainer.run.lr_schedule import decayed_fraction, lr_at, progress
+from relax_gym.trainer.run.lr_schedule import step_lr
 from relax_gym.trainer.policy import build_policy, save_policy
 from relax_gym.trainer.async_engine.recovery import ReplacedActorError
 from relax_gym.trainer.async_engine.bus_source import open_bus
+from relax_gym.trainer.async_engine.contracts import ActorStepAnswer, CheckpointAnswer, WarmupAnswer
 from relax_gym.trainer.async_engine.replica import announce_replica, setup_replica
 from relax_gym.trainer.policy.moe import routing_dims
 from relax_gym.trainer.rollout.media import MediaResolver
 from relax_gym.trainer.rollout.samples import ROUTING_FIELD, TRAIN_FIELDS, TrainItem, train_items
-from relax_gym.trainer.async_engine.staleness import staleness, staleness_stats
+from relax_gym.trainer.async_engine.staleness import off_policy_tis_cap, staleness, staleness_stats
 
 __all__ = ["ActorRole"]
 
@@ -124,7 +125,7 @@ class ActorRole:
     # -- before the RL loop ------------------------------------------------------------------------------------
 
     @_restart_on_group_failure
-    async def warmup(self) -> dict[str, Any]:
+    async def warmup(self) -> WarmupAnswer:
         """The SFT warm-up on format demonstrations (as the colocate trainer runs it), then the first weight push.
         Answers the per-step SFT metrics and the policy version the engines now serve."""
         self._refuse_if_replacement()
@@ -226,25 +227,17 @@ class ActorRole:
 
     # -- one RL step ---------------------------------------------------------------------------------------------
 
-    def _tis_cap(self, max_staleness: int) -> float | None:
-        algo = self.cfg.algorithm
-        if algo.tis_cap is not None:
-            return algo.tis_cap
-        return self.cfg.trainer.off_policy_tis_cap if max_staleness >= 1 else None
-
     @_restart_on_group_failure
     async def train_step(self, partition: int, n_rows: int, group_size: int, *, max_staleness: int = 0,
-                         with_reference: bool = False, lr_decay_from: float | None = 0.0) -> dict[str, Any]:
+                         with_reference: bool = False, lr_decay_from: float | None = 0.0) -> ActorStepAnswer:
         """Train on the ``n_rows`` rows of ``partition`` as they become ready; one optimiser step; push weights.
         ``lr_decay_from``: the run's progress at which the lr decay started (None: not yet, the lr holds at its
         peak; the controller's :class:`~relax_gym.trainer.run.lr_schedule.DecayGate` decides)."""
         self._refuse_if_replacement()
         bus = self._ready()
         algo, a, t = self.cfg.algorithm, self.cfg.actor, self.cfg.trainer
-        elapsed = time.perf_counter() - self._run_start
-        fraction = decayed_fraction(progress(partition, t.steps, elapsed, t.time_budget_s), lr_decay_from)
-        self.actor.set_lr(lr_at(a.lr, a.lr_schedule, fraction, a.min_lr_ratio))
-        tis_cap = self._tis_cap(max_staleness)
+        self.actor.set_lr(step_lr(a, t, partition, time.perf_counter() - self._run_start, lr_decay_from))
+        tis_cap = off_policy_tis_cap(self.cfg.algorithm, self.cfg.trainer, max_staleness)
         fields = list(TRAIN_FIELDS) + (["ref_logprobs"] if with_reference else [])
         fields += [ROUTING_FIELD] if routing_dims(self.cfg.model) is not None else []
         trained_version = self.version  # the policy these gradients are taken at
@@ -299,13 +292,13 @@ class ActorRole:
         compute += time.perf_counter() - t1
         sync_s = await self._push()
         wall = time.perf_counter() - t_start
-        return {
+        return ActorStepAnswer(**{
             "metrics": metrics, "version": self.version, "trained_version": trained_version, "sample_ids": consumed,
             "episodes_trained": trained, "partial_groups": partial_groups, **staleness_stats(stale),
             "rollout_version_min": min(versions) if versions else -1, "rollout_version_max": max(versions) if versions else -1,
             "data_wait_s": wait, "time_train_s": compute, "time_sync_s": sync_s, "actor_step_s": wall,
             "tis_cap": tis_cap,
-        }
+        })
 
     def _finish(self, replay: list, tis_cap: float | None) -> dict[str, float]:
         metrics = self.actor.end_stream()
@@ -321,7 +314,7 @@ class ActorRole:
 
     @_restart_on_group_failure
     async def checkpoint(self, step: int, run_dir: str, extra: dict[str, Any] | None = None,
-                         parts: dict[str, str] | None = None) -> dict[str, str | None]:
+                         parts: dict[str, str] | None = None) -> CheckpointAnswer:
         """The colocate trainer's layout (:mod:`~relax_gym.trainer.run.checkpoint`): ``checkpoints/step_NNNNNN/`` with
         the model, the optimizer and the trainer state; ``extra``: what the controller adds (its ledger, the bus
         cursor); ``parts``: folders other roles staged for this checkpoint (the critic's), moved in by name.

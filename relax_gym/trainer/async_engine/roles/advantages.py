@@ -22,6 +22,7 @@ import torch
 
 from relax_gym.trainer.algorithms import AlgorithmConfig, group_advantages, identical_reward_groups
 from relax_gym.trainer.async_engine.bus_source import open_bus
+from relax_gym.trainer.async_engine.contracts import AdvantagesAnswer
 from relax_gym.trainer.async_engine.replica import announce_replica
 from relax_gym.trainer.rollout.samples import as_list
 from relax_gym.trainer.run.ppo import step_advantages
@@ -91,11 +92,11 @@ class AdvantagesRole:
             self._bus = open_bus(source)
         return self._bus
 
-    async def process(self, partition: int, n_rows: int, group_size: int) -> dict[str, int]:
+    async def process(self, partition: int, n_rows: int, group_size: int) -> AdvantagesAnswer:
         """Write advantages for the ``n_rows`` rows of ``partition`` as their groups complete; answer counts
         (groups, groups with identical rewards, kept samples, masked samples) for the step's metrics."""
         bus = self._ready()
-        totals = {"groups": 0, "zero_adv_groups": 0, "valid_groups": 0, "kept": 0, "masked": 0, "rows": 0}
+        totals = AdvantagesAnswer(groups=0, zero_adv_groups=0, valid_groups=0, kept=0, masked=0, rows=0)
         ppo = self.algo.name == "ppo"
         held: list[Any] = []  # PPO with whitening: the step's batches, written together once all have arrived
         while totals["rows"] < n_rows:

@@ -31,6 +31,7 @@ import torch
 from relax_gym.trainer.actors.critic import Critic
 from relax_gym.trainer.actors.factory import build_critic
 from relax_gym.trainer.async_engine.bus_source import open_bus
+from relax_gym.trainer.async_engine.contracts import CriticStartAnswer, StreamAnswer
 from relax_gym.trainer.async_engine.recovery import ReplacedActorError
 from relax_gym.trainer.async_engine.replica import announce_replica, setup_replica
 from relax_gym.trainer.config import RelaxConfig
@@ -95,7 +96,7 @@ class CriticRole:
 
     # -- start -------------------------------------------------------------------------------------------------------
 
-    async def start(self, init_path: str | None = None, first_step: int = 0) -> dict[str, Any]:
+    async def start(self, init_path: str | None = None, first_step: int = 0) -> CriticStartAnswer:
         """Build the critic: from the checkpoint the run resumes from, else from the warmed-up policy saved at
         ``init_path``. ``first_step``: the steps already trained (0 unless resumed)."""
         self._refuse_if_replacement()
@@ -112,7 +113,7 @@ class CriticRole:
             else:
                 raise ValueError("the critic starts from a checkpoint (resume_from) or the warmed-up policy (init_path)")
             self.trained = int(first_step)
-        return {"trained": self.trained, "from": str(self._resume_from or init_path)}
+        return CriticStartAnswer({"trained": self.trained, "from": str(self._resume_from or init_path)})
 
     def _build(self, path: Path) -> Critic:
         if not (path / "config.json").is_file():
@@ -122,7 +123,7 @@ class CriticRole:
 
     # -- per step ----------------------------------------------------------------------------------------------------
 
-    async def values(self, partition: int, n_rows: int) -> dict[str, int]:
+    async def values(self, partition: int, n_rows: int) -> StreamAnswer:
         """Write ``values`` for the ``n_rows`` rows of ``partition`` as they arrive."""
         critic = self._critic()
         bus = self._ready()
@@ -144,7 +145,7 @@ class CriticRole:
             await bus.put_fields(partition, list(batch.sample_ids), {"values": rows})
             await bus.ack(batch)
             done += len(batch.sample_ids)
-        return {"rows": done, "forwarded": forwarded}
+        return StreamAnswer(rows=done, forwarded=forwarded)
 
     async def train(self, partition: int, n_rows: int) -> dict[str, float]:
         """Once every row of ``partition`` has its ``returns``: the critic's update on them (``critic.epochs``

@@ -37,6 +37,7 @@ import torch
 import relax_gym
 from relax_gym.trainer.async_engine.bus_source import open_bus
 from relax_gym.trainer.async_engine.carry import claim_slot
+from relax_gym.trainer.async_engine.contracts import EpisodeAnswer
 from relax_gym.trainer.async_engine.replica import (
     announce_replica,
     build_processor_only,
@@ -192,7 +193,7 @@ class EnvWorkerRole:
         SandboxHangs.arm(count)
 
     async def run_group(self, partition: int | None, group: int, seeds: list[int], sample_ids: list[str], *,
-                        born: int | None = None) -> list[dict[str, Any]]:
+                        born: int | None = None) -> list[EpisodeAnswer]:
         """Play one prompt group (``seeds`` repeat the prompt's seed), put its rows on ``partition``, and answer
         each episode's summary (reward, status, versions, and the partition it went to) for the controller.
         ``partition`` None: carried stragglers — the group claims its partition once it has finished (``born``:
@@ -223,7 +224,7 @@ class EnvWorkerRole:
         return [{**summary_dict(traj, sid, versions), **(size if partition is not None else {}), "partition": partition}
                 for (traj, versions), sid, size in zip(played, sample_ids, sizes)]
 
-    async def evaluate(self, seeds: list[int], *, step: int | None = None, first_index: int = 0) -> list[dict[str, Any]]:
+    async def evaluate(self, seeds: list[int], *, step: int | None = None, first_index: int = 0) -> list[EpisodeAnswer]:
         """Greedy episodes on the eval split (nothing goes to the bus); one summary per seed. ``step`` (the metrics
         row's) and ``first_index`` (this chunk's place among the step's eval seeds): where the rollout records go;
         without ``step`` none are written."""

@@ -22,6 +22,7 @@ from relax_gym.trainer.actors.hf import HFActor
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.policy import build_policy
 from relax_gym.trainer.async_engine.bus_source import open_bus
+from relax_gym.trainer.async_engine.contracts import StreamAnswer
 from relax_gym.trainer.async_engine.replica import announce_replica, setup_replica
 from relax_gym.trainer.rollout.media import MediaResolver
 from relax_gym.trainer.rollout.samples import TrainItem, as_list
@@ -65,7 +66,7 @@ class ReferenceRole:
         self._actor = HFActor(model, processor, lr=1.0, micro_batch_size=self.cfg.actor.micro_batch_size)
         self._loaded = path
 
-    async def process(self, partition: int, n_rows: int, reference_path: str) -> dict[str, int]:
+    async def process(self, partition: int, n_rows: int, reference_path: str) -> StreamAnswer:
         """Write ``ref_logprobs`` for the ``n_rows`` rows of ``partition`` (``reference_path``: the saved
         reference policy)."""
         bus = self._ready()
@@ -94,4 +95,4 @@ class ReferenceRole:
             await bus.put_fields(partition, list(batch.sample_ids), {"ref_logprobs": rows})
             await bus.ack(batch)
             done += len(batch.sample_ids)
-        return {"rows": done, "forwarded": forwarded}
+        return StreamAnswer(rows=done, forwarded=forwarded)
