@@ -44,6 +44,7 @@ from relax_gym.envs.core import AgentEnv, Opening, Outcome
 from relax_gym.envs.episode_sandbox import EpisodeSandbox, PoolHold
 from relax_gym.envs.turn_proxy import HistoryRewritten, ProgramExit, TurnProxy
 from relax_gym.omni import Message, TextPart
+from relax_gym.sandbox.exit_order import exiting
 from relax_gym.sandbox.spec import SandboxSpec
 from relax_gym.watchdog import guard
 
@@ -153,7 +154,8 @@ class AgentProgramEnv(AgentEnv):
                 return self._run_local(task, endpoint)
             return self._run_sandboxed(task, endpoint)
         except Exception as exc:  # noqa: BLE001 - reported as a launch failure (env_error)
-            log.warning("agent program failed to run: %r", exc)
+            # at interpreter exit its sandbox is closed under it: expected, not worth a warning
+            (log.debug if exiting() else log.warning)("agent program failed to run: %r", exc)
             return ProgramRun(None, "", "", False, 0.0, launch_error=f"{type(exc).__name__}: {exc}")
 
     def _run_local(self, task: ProgramTask, endpoint: AgentEndpoint) -> ProgramRun:

@@ -779,7 +779,7 @@ class DockerBackend(Backend):
         return removed
 
     def _atexit(self) -> None:
-        """Backstop: remove this process's containers that nobody closed."""
+        """Backstop: remove this process's containers that nobody closed, then close the client's sockets."""
         if self._client is None:
             return
         try:
@@ -789,4 +789,8 @@ class DockerBackend(Backend):
                 except Exception:
                     pass
         except Exception:
+            pass
+        try:
+            self._client.close()
+        except Exception:  # noqa: BLE001 - best effort at exit
             pass

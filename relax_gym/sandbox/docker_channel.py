@@ -72,10 +72,13 @@ class Channel:
 
     def close(self) -> None:
         self.broken = True
-        for closable in (self._holder, self.sock):
+        # the SDK's HTTP response first: closed after its socket, it fails to flush when collected ("Exception
+        # ignored in: <HTTPResponse ...> ValueError: I/O operation on closed file")
+        for closable in (getattr(self._holder, "_response", None), self._holder, self.sock):
             try:
-                closable.close()
-            except OSError:
+                if closable is not None:
+                    closable.close()
+            except (OSError, ValueError):
                 pass
 
     def call(self, head: dict[str, Any], body: bytes = b"", *, out: OutputCap | None = None,

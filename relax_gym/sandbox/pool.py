@@ -13,8 +13,8 @@
   once: an episode that arrives meanwhile takes the sandbox being made (or an idle one) instead of starting its
   own create, so after the first wave no episode waits for a container to start. A stale idle sandbox found at
   acquire is destroyed in the background too.
-- Orphans of dead processes are reaped by label at ``start()``; ``close()`` destroys everything and an atexit
-  backstop closes pools the program forgot.
+- Orphans of dead processes are reaped by label at ``start()``; ``close()`` destroys everything and an exit
+  backstop closes pools the program forgot (before Python stops its thread pools: ``exit_order``).
 - Every deadline, age and creation spacing is read from one clock, ``clock`` (default ``time.monotonic``): a caller's
   deadline is a value of that clock. Tests hand in a virtual event loop's ``loop.time`` so that lease expiry,
   lifetimes and rate limits happen in simulated time, in the same order on every run.
@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import asyncio
-import atexit
 import logging
 import time
 import weakref
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from relax_gym.sandbox import sync
 from relax_gym.sandbox.backends import select_backend
 from relax_gym.sandbox.base import Backend, Sandbox, SandboxError
+from relax_gym.sandbox.exit_order import before_thread_pools_stop
 from relax_gym.sandbox.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -399,7 +399,7 @@ _open_pools: weakref.WeakSet[SandboxPool] = weakref.WeakSet()
 
 
 def _close_forgotten_pools() -> None:
-    """atexit backstop for pools on the shared sync loop (the backends' own atexit hooks cover the rest)."""
+    """Exit backstop for pools on the shared sync loop (the backends' own atexit hooks cover the rest)."""
     for pool in list(_open_pools):
         if pool._loop is None or pool._loop is not sync.loop() or not pool._loop.is_running():
             continue
@@ -409,4 +409,4 @@ def _close_forgotten_pools() -> None:
             log.warning("could not close a sandbox pool at exit: %r", exc)
 
 
-atexit.register(_close_forgotten_pools)
+before_thread_pools_stop(_close_forgotten_pools)  # atexit is too late: see exit_order

@@ -17,15 +17,17 @@ from relax_gym.sandbox.base import ExecResult, Sandbox
 
 T = TypeVar("T")
 _loop: asyncio.AbstractEventLoop | None = None
+_thread: threading.Thread | None = None
 _lock = threading.Lock()
 
 
 def loop() -> asyncio.AbstractEventLoop:
-    global _loop
+    global _loop, _thread
     with _lock:
         if _loop is None or _loop.is_closed():
             _loop = asyncio.new_event_loop()
-            threading.Thread(target=_loop.run_forever, name="relax-gym-sandbox-loop", daemon=True).start()
+            _thread = threading.Thread(target=_loop.run_forever, name="relax-gym-sandbox-loop", daemon=True)
+            _thread.start()
         return _loop
 
 
@@ -75,8 +77,17 @@ class SyncSandbox:
 
 
 def _stop_loop() -> None:
-    if _loop is not None and not _loop.is_closed():
-        _loop.call_soon_threadsafe(_loop.stop)
+    """Stop the shared loop, wait for its thread to leave ``run_forever`` and close the loop (an open loop warns
+    "unclosed event loop" when it is collected)."""
+    with _lock:
+        the_loop, thread = _loop, _thread
+    if the_loop is None or the_loop.is_closed():
+        return
+    the_loop.call_soon_threadsafe(the_loop.stop)
+    if thread is not None:
+        thread.join(timeout=5.0)
+    if not the_loop.is_running():
+        the_loop.close()
 
 
 atexit.register(_stop_loop)
