@@ -37,9 +37,12 @@ ALLOWED: dict[str, set[str]] = {
     # published checkpoints: their files as data, stand-ins written in code, the directory check, sizes per rank
     # (by the megatron backend's own sharding rules: actors/megatron/shard.py)
     "models": {"policy", "algorithms", "actors"},
-    "engines": {"policy", "algorithms"},
+    "engines": {"policy", "algorithms"},  # inference only
+    # the agents' OpenAI endpoint over an engine (its protocol, HTTP server, errors); the engines never import it
+    "gateway": {"policy", "algorithms", "engines"},
     "actors": {"policy", "algorithms"},
-    "rollout": {"policy", "algorithms", "engines"},  # the episode runner speaks the engine's protocol
+    # the episode runner speaks the engine's protocol; an agent program's episode records through a gateway
+    "rollout": {"policy", "algorithms", "engines", "gateway"},
     "dcs": {"policy", "algorithms", "actors"},  # never engines: engines get their receiving end injected
     "base": {"policy", "algorithms", "actors", "engines"},  # the base stage: a captioning SFT before any run
     # the config tree holds the sections the subsystems below it own (actors/settings.py, engines/settings.py, ...)

@@ -64,7 +64,7 @@ def test_colocate_trains_on_exactly_the_recorded_tokens(tmp_path, monkeypatch, b
     _need(backend)
     from relax_gym.envs.agent_program import AgentProgramEnv
     from relax_gym.trainer.actors.hf import HFActor
-    from relax_gym.trainer.engines.openai_gateway import OpenAIGateway
+    from relax_gym.trainer.gateway.openai_gateway import OpenAIGateway
 
     recorded: list[list[int]] = []
     trained: list[list[int]] = []

@@ -1,4 +1,5 @@
-"""Rollout engines behind SGLang's HTTP protocol.
+"""Rollout engines behind SGLang's HTTP protocol: inference only (the agents' OpenAI endpoint, its keys and session
+recording are :mod:`relax_gym.trainer.gateway`).
 
 - :mod:`~relax_gym.trainer.engines.protocol`: SGLang's ``/generate`` request and response schemas (pydantic);
   :mod:`~relax_gym.trainer.engines.media_items`: the media-item extension carrying relax sampling specs;
@@ -7,12 +8,14 @@
 - :mod:`~relax_gym.trainer.engines.embedded`: :class:`EmbeddedEngine`, a thread-safe, dynamically batching engine
   on a transformers model (CPU or GPU), with weight updates (tensors, disk, torch.distributed broadcast) and
   pause / continue.
-- :mod:`~relax_gym.trainer.engines.http_server`: ``serve(engine)``, SGLang's native endpoints on the stdlib HTTP server.
+- :mod:`~relax_gym.trainer.engines.http_server`: ``serve(engine)``, SGLang's native endpoints on the stdlib HTTP server
+  (an agents' API handed in as ``openai=`` is served on ``/v1``).
 - :mod:`~relax_gym.trainer.engines.client`: :class:`EngineClient` / :class:`AsyncEngineClient` (httpx), speaking
   only the HTTP protocol, so they drive a real SGLang server too.
 - :mod:`~relax_gym.trainer.engines.serve_client`: :class:`HandleEngineClient`, the async engine's env workers'
   client: coalesced deployment-handle calls of the inference role (no HTTP, no JSON).
-- :mod:`~relax_gym.trainer.engines.openai_api`: the OpenAI-compatible chat endpoint and its session recorder.
+- :mod:`~relax_gym.trainer.engines.settings`: the ``inference:`` section of a recipe;
+  :mod:`~relax_gym.trainer.engines.bearer`: the ``Authorization: Bearer`` header.
 - :mod:`~relax_gym.trainer.engines.process`: ``spawn_engine``, an engine server in a child process.
 - :mod:`~relax_gym.trainer.engines.sglang`: ``launch_sglang``, a real SGLang server as a child process group, and
   the request mapping that lets the same client drive it.
@@ -38,8 +41,6 @@ _EXPORTS = {
     "GenerateOutput": "client",
     "EngineHTTPError": "client",
     "EngineConnectionError": "client",
-    "OpenAIAPI": "openai_api",
-    "SessionRecorder": "openai_api",
     "EngineProcess": "process",
     "spawn_engine": "process",
     "SGLangServer": "sglang",

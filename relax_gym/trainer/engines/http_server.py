@@ -39,7 +39,7 @@ Endpoints (request bodies: :mod:`~relax_gym.trainer.engines.protocol`; responses
 ``/get_weights_checksum``                   GET/    ``{"weight_version", "algorithm": "sha256", "checksums":
                                             POST    {name: hex}}`` (ours; body ``{"names": [...]}`` or none)
 ``/v1/chat/completions``                    POST    OpenAI chat completion (tools; ``stream`` as SSE), recorded
-                                                    by session (:mod:`~relax_gym.trainer.engines.openai_api`)
+                                                    by session (:mod:`~relax_gym.trainer.gateway.api`)
 ``/v1/models``                              GET     the served model
 ``/v1/relax/sessions``                      GET     recorded session ids and call counts
 ``/v1/relax/sessions/{id}``                 GET/    a session's recorded calls / drop it
@@ -52,14 +52,14 @@ unknown tensor name, ...) → 400 with the reason (weight endpoints answer ``{"s
 400, as SGLang); an engine failure → 500 with the exception's message; an unknown path → 404, a known path with
 another method → 405. A handler never lets an exception escape: the server keeps serving. The ``/v1`` routes
 answer errors in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``. This module only routes;
-the OpenAI logic lives in :mod:`~relax_gym.trainer.engines.openai_api` (``server.openai``).
+the OpenAI logic lives in :mod:`~relax_gym.trainer.gateway.api` (``server.openai``).
 
 Loopback by default. The server reads ``file://`` / path media items from its own filesystem. Binding another
 interface takes a ``token``: then every request needs ``Authorization: Bearer <token>``, or an episode key issued
 by ``server.openai.keys`` (those reach only ``/v1/chat/completions``, ``/v1/models`` and their own session);
 without a token a non-loopback ``host`` is refused (``ValueError``).
 
-:func:`serve_openai` serves only the ``/v1`` routes of an :class:`~relax_gym.trainer.engines.openai_api.OpenAIAPI`
+:func:`serve_openai` serves only the ``/v1`` routes of an :class:`~relax_gym.trainer.gateway.api.OpenAIAPI`
 (over any engine of its duck type), with the same routing code, authentication and streaming as
 :class:`EngineServer`.
 """
@@ -74,7 +74,7 @@ from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from relax_gym.trainer.engines.admin_protocol import (
     ApplyStagedWeightsReqInput,
@@ -91,6 +91,7 @@ from relax_gym.trainer.engines.admin_protocol import (
     UpdateWeightVersionReqInput,
     WeightsChecksumReqInput,
 )
+from relax_gym.trainer.engines.bearer import bearer_of, token_matches
 from relax_gym.trainer.engines.client import engine_token
 from relax_gym.trainer.engines.protocol import GenerateReqInput
 from relax_gym.trainer.engines.validation import parse_request
@@ -193,12 +194,10 @@ class _HTTPService:
         if path.startswith("/v1/"):
             return self._dispatch_openai(method, path, body, headers)
         if self.token is not None:
-            from relax_gym.trainer.engines.openai_keys import bearer_of, token_matches
-
             sent = bearer_of(headers)
             if not token_matches(sent, self.token):
                 raise (_HTTPError(403, f"{path} takes the server token; episode keys reach only /v1 routes")
-                       if sent is not None and self.openai.keys.session_of(sent) is not None else
+                       if sent is not None and self.openai is not None and self.openai.keys.session_of(sent) is not None else
                        _HTTPError(401, "this server needs 'Authorization: Bearer <token>'"))
         route = self._routes.get(path)
         if route is None:
@@ -209,43 +208,14 @@ class _HTTPService:
         return fn(body)
 
     def _dispatch_openai(self, method: str, path: str, body: Any, headers: Any) -> _Response:
-        from relax_gym.trainer.engines.openai_api import ChatStream, OpenAIError
-
-        api = self.openai
-        sessions = "/v1/relax/sessions"
-        try:
-            caller = api.authenticate(headers, self.token)
-            if path == "/v1/chat/completions":
-                self._method(method, path, "POST")
-                response, extra = api.chat_completions(body, headers, caller=caller)
-                if isinstance(response, ChatStream):
-                    return _Response(200, None, ChatStream.content_type, headers={"Cache-Control": "no-cache", **extra},
-                                     stream=response)
-                return _Response(200, response, headers=extra)
-            if path == "/v1/models":
-                self._method(method, path, "GET")
-                return _json(api.models())
-            if path == sessions:
-                self._method(method, path, "GET")
-                return _json(api.list_sessions(caller))
-            if path.startswith(sessions + "/"):
-                session_id = unquote(path[len(sessions) + 1:])
-                self._method(method, path, "GET", "DELETE")
-                return _json(api.get_session(session_id, caller) if method == "GET" else api.delete_session(session_id, caller))
-            raise OpenAIError(404, f"no endpoint {path!r}", kind="not_found_error")
-        except OpenAIError as exc:
-            return _json(exc.to_json(), exc.status)
-
-    @staticmethod
-    def _method(method: str, path: str, *allowed: str) -> None:
-        from relax_gym.trainer.engines.openai_api import OpenAIError
-
-        if method not in allowed:
-            raise OpenAIError(405, f"{path} takes {' or '.join(allowed)}, not {method}")
+        if self.openai is None:
+            raise _HTTPError(404, f"no endpoint {path!r}: this server has no agents' routes (relax_gym.trainer.gateway)")
+        reply = self.openai.route(method, path, body, headers, self.token)
+        return _Response(reply.status, reply.body, reply.content_type, headers=reply.headers, stream=reply.stream)
 
 
 class OpenAIServer(_HTTPService):
-    """Only the ``/v1`` routes of an :class:`~relax_gym.trainer.engines.openai_api.OpenAIAPI` (``.openai``):
+    """Only the ``/v1`` routes of an :class:`~relax_gym.trainer.gateway.api.OpenAIAPI` (``.openai``):
     chat completions (streaming included), models, sessions. ``.url``, ``.close()``; a context manager."""
 
     def __init__(self, api: Any, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None) -> None:
@@ -253,18 +223,16 @@ class OpenAIServer(_HTTPService):
 
 
 class EngineServer(_HTTPService):
-    """A running server: ``.url`` (``http://host:port``), ``.close()``; a context manager. ``.openai`` is the
-    :class:`~relax_gym.trainer.engines.openai_api.OpenAIAPI` behind the ``/v1`` routes (``.openai.recorder``
-    holds the recorded sessions, ``.openai.keys`` the episode keys); ``model_name`` is the name ``/v1/models``
-    lists; ``token``: the bearer token every request needs (required to bind a non-loopback host)."""
+    """A running server: ``.url`` (``http://host:port``), ``.close()``; a context manager. ``openai``: the agents'
+    API to mount on the ``/v1`` routes (:class:`~relax_gym.trainer.gateway.api.OpenAIAPI`, which
+    :func:`relax_gym.trainer.gateway.mount.serve_with_agents` builds; ``None``: inference only, ``/v1`` is 404), then
+    ``.openai``; ``token``: the bearer token every request needs (required to bind a non-loopback host)."""
 
     def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, *, close_engine: bool = False,
-                 model_name: str | None = None, token: str | None = None) -> None:
-        from relax_gym.trainer.engines.openai_api import OpenAIAPI
-
+                 openai: Any = None, token: str | None = None) -> None:
         self.engine = engine
         self.close_engine = close_engine
-        super().__init__(OpenAIAPI(engine, model_name=model_name), host, port, token=token, name="engine")
+        super().__init__(openai, host, port, token=token, name="engine")
 
     def _after_close(self) -> None:
         if self.close_engine:
@@ -559,18 +527,19 @@ def _encode(response: _Response) -> bytes | list[bytes]:
 
 
 def serve(engine: Any, host: str = "127.0.0.1", port: int = 0, *, close_engine: bool = False,
-          model_name: str | None = None, token: str | None = None) -> EngineServer:
+          openai: Any = None, token: str | None = None) -> EngineServer:
     """Serve ``engine`` on ``host:port`` (port 0: a free one) in a background thread; returns the running
     :class:`EngineServer` (``.url``, ``.close()``, ``.openai``). ``close_engine``: close the engine with the
-    server; ``model_name``: the name ``/v1/models`` lists; ``token``: the bearer token every request must carry
-    (an episode key from ``.openai.keys`` does for the ``/v1`` routes); a non-loopback ``host`` needs one."""
+    server; ``openai``: the agents' API on ``/v1`` (see :class:`EngineServer`); ``token``: the bearer token every
+    request must carry (an episode key from ``.openai.keys`` does for the ``/v1`` routes); a non-loopback ``host``
+    needs one."""
     if token is None:
         token = engine_token()
-    return EngineServer(engine, host, port, close_engine=close_engine, model_name=model_name, token=token)
+    return EngineServer(engine, host, port, close_engine=close_engine, openai=openai, token=token)
 
 
 def serve_openai(api: Any, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None) -> OpenAIServer:
-    """Serve only the ``/v1`` routes of ``api`` (an :class:`~relax_gym.trainer.engines.openai_api.OpenAIAPI`,
+    """Serve only the ``/v1`` routes of ``api`` (an :class:`~relax_gym.trainer.gateway.api.OpenAIAPI`,
     over any engine of its duck type) on ``host:port``; returns the running :class:`OpenAIServer` (``.url``,
     ``.close()``, ``.openai``). ``token`` as for :func:`serve`."""
     return OpenAIServer(api, host, port, token=token)

@@ -35,7 +35,7 @@ rendered prompt, media pad tokens expanded), ``choices[0].token_ids`` (the sampl
 and ``choices[0].token_logprobs`` (their log-probs under the sampling distribution before top-k / top-p
 truncation, as the engine's ``/generate`` reports them), and ``relax`` = ``{"session_id", "call_index",
 "weight_version", "continues"}``. With ``stream: true`` the same completion comes as Server-Sent Events
-(:mod:`~relax_gym.trainer.engines.openai_stream`: generated whole first, then chunked).
+(:mod:`~relax_gym.trainer.gateway.stream`: generated whole first, then chunked).
 
 **Tools.** ``tools`` (function schemas) go into the system message as Hermes-style instructions, ``tool_choice``
 ``"auto"`` / ``"none"`` (tools not listed, calls not parsed) / ``"required"`` / ``{"type": "function",
@@ -61,7 +61,7 @@ prompt, the sampled ids (never re-tokenised) and the new turns. Otherwise (histo
 ``tool_choice`` changed, the first call) it is rendered fresh. ``CallRecord.continues`` says whether the prompt
 starts with the previous call's prompt + completion ids, so a session whose calls all continue is one trajectory.
 
-**Keys and access.** ``api.keys`` (:class:`~relax_gym.trainer.engines.openai_keys.EpisodeKeys`) issues a random
+**Keys and access.** ``api.keys`` (:class:`~relax_gym.trainer.gateway.keys.EpisodeKeys`) issues a random
 key per session; a request sending it as ``Authorization: Bearer <key>`` is recorded into that session (a header or
 ``user`` naming another session is a 403) and may read and drop that session, nothing else; sessions with a key
 are reachable only with it or the server's admin token. A server started with a token
@@ -87,10 +87,11 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -104,21 +105,14 @@ from relax_gym.omni.openai_tools import (
     split_reply,
     tool_mode,
 )
+from relax_gym.trainer.engines.bearer import bearer_of, token_matches
 from relax_gym.trainer.engines.errors import EngineRequestError
-from relax_gym.trainer.engines.openai_keys import (
-    ADMIN,
-    ANONYMOUS,
-    Caller,
-    EpisodeKeys,
-    bearer_of,
-    token_matches,
-    valid_session_id,
-)
-from relax_gym.trainer.engines.openai_stream import ChatStream
 from relax_gym.trainer.engines.protocol import check_stop, check_top_k
+from relax_gym.trainer.gateway.keys import ADMIN, ANONYMOUS, Caller, EpisodeKeys, valid_session_id
+from relax_gym.trainer.gateway.stream import ChatStream
 
 __all__ = ["CallRecord", "Caller", "ChatCompletionRequest", "ChatStream", "EpisodeKeys", "OpenAIAPI", "OpenAIError",
-           "SessionRecorder", "session_id_of"]
+           "Reply", "SessionRecorder", "session_id_of"]
 
 SESSION_HEADER = "X-Relax-Session"
 DEFAULT_SESSION = "default"
@@ -138,6 +132,22 @@ class OpenAIError(Exception):
 
     def to_json(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+
+
+@dataclass
+class Reply:
+    """An answer of :meth:`OpenAIAPI.route`: JSON ``body``, or ``stream`` (byte strings, Server-Sent Events)."""
+
+    status: int
+    body: Any
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+    stream: Iterable[bytes] | None = None
+
+
+def _allow(method: str, path: str, *allowed: str) -> None:
+    if method not in allowed:
+        raise OpenAIError(405, f"{path} takes {' or '.join(allowed)}, not {method}")
 
 
 def _unauthorized(message: str) -> OpenAIError:
@@ -441,6 +451,36 @@ class OpenAIAPI:
         self.created = int(time.time())
         self._raw_lock = threading.Lock()
         self._raw: OrderedDict[str, tuple[tuple[Any, ...], str]] = OrderedDict()
+
+    # -------------------------------------------------------------------------------------------- routing
+
+    def route(self, method: str, path: str, body: Any, headers: Any, token: str | None = None) -> Reply:
+        """Answer one request to a ``/v1`` path (an HTTP server hands them over: the engine's, when this API is
+        mounted on it, or the gateway's own): chat completions (streaming included), models, sessions. ``token``:
+        the server's admin token. Errors come back in OpenAI's shape, never raised."""
+        sessions = "/v1/relax/sessions"
+        try:
+            caller = self.authenticate(headers, token)
+            if path == "/v1/chat/completions":
+                _allow(method, path, "POST")
+                response, extra = self.chat_completions(body, headers, caller=caller)
+                if isinstance(response, ChatStream):
+                    return Reply(200, None, ChatStream.content_type, {"Cache-Control": "no-cache", **extra}, response)
+                return Reply(200, response, headers=extra)
+            if path == "/v1/models":
+                _allow(method, path, "GET")
+                return Reply(200, self.models())
+            if path == sessions:
+                _allow(method, path, "GET")
+                return Reply(200, self.list_sessions(caller))
+            if path.startswith(sessions + "/"):
+                session_id = unquote(path[len(sessions) + 1:])
+                _allow(method, path, "GET", "DELETE")
+                return Reply(200, self.get_session(session_id, caller) if method == "GET"
+                             else self.delete_session(session_id, caller))
+            raise OpenAIError(404, f"no endpoint {path!r}", kind="not_found_error")
+        except OpenAIError as exc:
+            return Reply(exc.status, exc.to_json())
 
     # -------------------------------------------------------------------------------------------- access
 

@@ -9,21 +9,19 @@ An env worker that lets an agent loose in a sandbox gives it a key bound to the 
 
 The registry keeps only a hash of each key (a lookup never compares secrets byte by byte), one key per session:
 issuing again for a session replaces its key. How the routes use a :class:`Caller` is described in
-:mod:`~relax_gym.trainer.engines.openai_api`.
+:mod:`~relax_gym.trainer.gateway.api`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import re
 import secrets
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["Caller", "EpisodeKeys", "bearer_of", "valid_session_id"]
+__all__ = ["ADMIN", "ANONYMOUS", "Caller", "EpisodeKeys", "valid_session_id"]
 
 KEY_PREFIX = "relax-ek-"
 _SESSION_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
@@ -101,21 +99,3 @@ class Caller:
 
 ADMIN = Caller("admin")
 ANONYMOUS = Caller("anonymous")
-
-
-def bearer_of(headers: Mapping[str, str] | Any) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header (None without one)."""
-    if headers is None:
-        return None
-    value = headers.get("Authorization")
-    if value is None and isinstance(headers, Mapping):
-        value = next((v for k, v in headers.items() if str(k).lower() == "authorization"), None)
-    if not value:
-        return None
-    scheme, _, token = str(value).strip().partition(" ")
-    return (token.strip() or None) if scheme.lower() == "bearer" else None
-
-
-def token_matches(sent: str | None, token: str | None) -> bool:
-    """Constant-time check of a sent bearer against the admin token."""
-    return sent is not None and token is not None and hmac.compare_digest(sent.encode(), token.encode())

@@ -1,8 +1,8 @@
 """An OpenAI chat endpoint for black-box agents, in front of any engine the trainer drives.
 
-The embedded engine serves ``/v1/chat/completions`` itself (:mod:`~relax_gym.trainer.engines.openai_api`), but an
+The embedded engine serves ``/v1/chat/completions`` itself (:mod:`~relax_gym.trainer.gateway.api`), but an
 SGLang server's own endpoint records nothing, and in async mode the engine lives in another process. The gateway
-runs the same :class:`~relax_gym.trainer.engines.openai_api.OpenAIAPI` where the episodes run (the colocate
+runs the same :class:`~relax_gym.trainer.gateway.api.OpenAIAPI` where the episodes run (the colocate
 trainer, an env-worker replica): it renders each call with the trainer's processor and generates through the
 trainer's engine client (SGLang's ``/generate`` protocol, so the calls batch with every other rollout request), and
 records every call's exact prompt ids, completion ids and log-probs under the episode's session.
@@ -22,8 +22,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from relax_gym.omni.render import Rendered, extend, render
+from relax_gym.trainer.engines.http_server import serve_openai
 from relax_gym.trainer.engines.media_items import media_data
 from relax_gym.trainer.engines.protocol import GenerateResponse
+from relax_gym.trainer.gateway.api import OpenAIAPI
 
 __all__ = ["ClientEngine", "OpenAIGateway"]
 
@@ -83,9 +85,6 @@ class OpenAIGateway:
 
     def __init__(self, processor: Any, client: Any, loop: asyncio.AbstractEventLoop, *, sampling: Mapping[str, Any],
                  max_positions: int | None = None, model_name: str = "policy") -> None:
-        from relax_gym.trainer.engines.http_server import serve_openai
-        from relax_gym.trainer.engines.openai_api import OpenAIAPI
-
         self.model_name = model_name
         self.engine = ClientEngine(processor, client, loop, sampling=sampling, max_positions=max_positions)
         self.api = OpenAIAPI(self.engine, model_name=model_name,

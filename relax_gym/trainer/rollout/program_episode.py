@@ -2,7 +2,7 @@
 
 An :class:`~relax_gym.envs.agent_program.AgentProgramEnv` never hands the trainer a turn: its program talks to an
 OpenAI endpoint. :class:`ProgramEpisodes` gives each episode a session on an
-:class:`~relax_gym.trainer.engines.openai_gateway.OpenAIGateway` (one per sampling setting: training and greedy
+:class:`~relax_gym.trainer.gateway.openai_gateway.OpenAIGateway` (one per sampling setting: training and greedy
 evaluation), lets the env run its program against it, then builds the :class:`Trajectory` from the recorded calls:
 
 - **Stitching.** A call whose prompt ids start with the previous call's prompt + completion ids continues the
@@ -118,7 +118,7 @@ class ProgramEpisodes:
         self._gateways: dict[tuple, Any] = {}
 
     def gateway(self, client: Any, sampling: Mapping[str, Any]) -> Any:
-        from relax_gym.trainer.engines.openai_gateway import OpenAIGateway
+        from relax_gym.trainer.gateway.openai_gateway import OpenAIGateway
 
         key = (id(client), tuple(sorted((k, repr(v)) for k, v in sampling.items())))
         if key not in self._gateways:

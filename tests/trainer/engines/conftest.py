@@ -1,4 +1,5 @@
-"""A tiny random Qwen2.5-Omni thinker served by the embedded engine over real loopback HTTP."""
+"""A tiny random Qwen2.5-Omni thinker served by the embedded engine over real loopback HTTP (with the agents' OpenAI
+routes of relax_gym/trainer/gateway/ mounted on the same server)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from relax_gym.trainer.algorithms.losses import token_logprobs
 from relax_gym.trainer.engines.client import EngineClient
 from relax_gym.trainer.engines.embedded import EmbeddedEngine
-from relax_gym.trainer.engines.http_server import serve
+from relax_gym.trainer.gateway.mount import serve_with_agents
 from relax_gym.trainer.policy.model import PolicyConfig, build_policy
 
 
@@ -25,7 +26,7 @@ def start(model, processor, **engine_kwargs) -> SimpleNamespace:
 
     engine_kwargs.setdefault("weight_receiver", GroupReceiver())
     engine = EmbeddedEngine(copy.deepcopy(model), processor, **engine_kwargs)
-    server = serve(engine)
+    server = serve_with_agents(engine)  # the engine's routes and the agents' (/v1) on one port
     client = EngineClient(server.url, timeout=60)
     return SimpleNamespace(engine=engine, server=server, client=client, model=model, processor=processor)
 

@@ -14,7 +14,7 @@ from PIL import Image
 
 from relax_gym.omni import ImagePart, from_openai
 from relax_gym.omni.render import render
-from relax_gym.trainer.engines.openai_api import SessionRecorder
+from relax_gym.trainer.gateway.api import SessionRecorder
 
 from .conftest import training_logprobs
 

@@ -1,4 +1,4 @@
-"""The OpenAI gateway (trainer/engines/openai_gateway.py) and the trajectories built from its recordings
+"""The OpenAI gateway (trainer/gateway/openai_gateway.py) and the trajectories built from its recordings
 (trainer/rollout/program_episode.py): a real agent program on the openai client, the tiny policy behind the
 embedded engine over HTTP, the gateway in front of the engine client."""
 
@@ -125,7 +125,7 @@ def test_an_engine_failure_during_the_episode_masks_it():
 
 
 def test_a_call_that_ends_after_its_session_closed_is_not_kept():
-    from relax_gym.trainer.engines.openai_api import SessionRecorder
+    from relax_gym.trainer.gateway.api import SessionRecorder
 
     recorder = SessionRecorder()
     recorder.record("ep", request_id="r0", created=0.0, prompt_ids=[1], completion_ids=[2], logprobs=[-0.1], media=(),

@@ -9,8 +9,9 @@ import openai
 import pytest
 
 from relax_gym.trainer.engines.http_server import EngineServer, serve, serve_openai
-from relax_gym.trainer.engines.openai_api import OpenAIAPI
-from relax_gym.trainer.engines.openai_keys import EpisodeKeys, bearer_of
+from relax_gym.trainer.gateway.api import OpenAIAPI
+from relax_gym.trainer.engines.bearer import bearer_of
+from relax_gym.trainer.gateway.keys import EpisodeKeys
 
 from .test_openai_tools import ScriptedEngine, openai_client
 
@@ -111,13 +112,15 @@ class _Alive:
 
 def test_engine_server_token_guards_the_native_routes(api):
     engine = _Alive()
-    with EngineServer(engine, token="s3cret") as server:
+    with EngineServer(engine, openai=OpenAIAPI(engine), token="s3cret") as server:
         key = server.openai.keys.issue("ep-x")
         with http(server.url) as anon, http(server.url, "s3cret") as admin, http(server.url, key) as episode:
             assert anon.get("/health").status_code == 401 and anon.get("/health").json()["object"] == "error"
             assert episode.get("/health").status_code == 403  # episode keys reach only /v1
             assert admin.get("/health").status_code == 200
             assert episode.get("/v1/models").status_code == 200
+    with EngineServer(engine, token="s3cret") as bare, http(bare.url, "s3cret") as admin:  # inference only
+        assert admin.get("/health").status_code == 200 and admin.get("/v1/models").status_code == 404
 
 
 def test_non_loopback_bind_needs_a_token(api):

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from relax_gym.trainer.engines.openai_stream import ChatStream, chunks
+from relax_gym.trainer.gateway.stream import ChatStream, chunks
 
 from .test_openai_tools import CALL_TEXT, WEATHER, openai_client, scripted  # noqa: F401 - the fixture
 

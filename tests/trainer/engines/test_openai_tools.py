@@ -31,7 +31,7 @@ from relax_gym.omni.tool_calls import (
     parse_tool_calls,
 )
 from relax_gym.trainer.engines.http_server import serve_openai
-from relax_gym.trainer.engines.openai_api import OpenAIAPI
+from relax_gym.trainer.gateway.api import OpenAIAPI
 from relax_gym.trainer.engines.protocol import FinishReason, GenerateResponse, MetaInfo
 
 WEATHER = {"type": "function", "function": {
