@@ -1,7 +1,7 @@
 """Suite-wide fixtures and the CI strictness switch.
 
 With RELAX_GYM_CI=1 (set by .ci/run) a skipped test is reported as a failure: a test that needs a real part
-(Docker, Ray, the shared reference data) must run in CI, not silently skip.
+(Docker, Ray) must run in CI, not silently skip.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("RELAX_GYM_SHARED", REPO.parent / "shared"))
 
-# Bundled samples go to a cache inside the checkout unless the caller chose one (CI does).
-os.environ.setdefault("RELAX_GYM_CACHE", str(REPO / ".cache" / "relax-gym"))
+# The cache (bundled samples, bases, judges) follows the library's one rule, as `make train` does:
+# $RELAX_GYM_CACHE, else ~/.cache/relax-gym. The suite does not choose its own; .ci/run sets RELAX_GYM_CACHE.
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -41,10 +40,8 @@ def clean_registry(monkeypatch):
 
 @pytest.fixture(scope="session")
 def nextqa_head_csv() -> Path:
-    path = SHARED / "data" / "nextqa" / "val_head.csv"
-    if not path.is_file():
-        pytest.skip(f"reference NExT-QA rows not found at {path}")
-    return path
+    """Eight real NExT-QA val rows, shipped with the tests (tests/data/nextqa: source and license)."""
+    return REPO / "tests" / "data" / "nextqa" / "val_head.csv"
 
 
 @pytest.fixture(scope="session")
