@@ -1,4 +1,5 @@
-# One command each: `make test` (set-up + test suite), `make train` (set-up + the main job: RL from the cached base), `make play` (an env).
+# One command each: `make test` (set-up + test suite), `make train` (set-up + the main job: RL from the cached base),
+# `make play` (three nextqa-video episodes answered by the gold policy: the correct answers, to show the env and its reward).
 # Set-up makes .venv with the CPU torch wheel installed first and pinned (constraints.txt), so nothing
 # later pulls a multi-GB CUDA build, then installs relax-gym with its test extra.
 PYTHON ?= python3
@@ -21,8 +22,8 @@ $(STAMP): pyproject.toml constraints.txt
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-play: $(STAMP)
-	$(BIN)/relax-gym envs play nextqa-video --episodes 3
+play: $(STAMP)  # the gold policy answers; `.venv/bin/relax-gym envs play nextqa-video --policy stdin` to answer yourself
+	$(BIN)/relax-gym envs play nextqa-video --episodes 3 --policy gold
 
 check: $(STAMP)
 	$(BIN)/relax-gym envs check --all

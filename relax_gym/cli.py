@@ -60,6 +60,17 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+@contextlib.contextmanager
+def _working(what: str):
+    """Say what is under way: a spinner with ``what`` in a terminal (gone when done), a line in a log."""
+    if console.is_terminal:
+        with console.status(escape(what)):
+            yield
+    else:
+        console.print(escape(what))
+        yield
+
+
 def _make(env_id: str, kwargs: dict[str, Any]):
     registry = _registry()
     from relax_gym.envs import DatasetError, ManifestError, UnknownEnvError
@@ -137,19 +148,29 @@ def envs_check(
         raise _fail("give an env id or --all", 2)
     ids = registry.list_envs() if all_ else [env_id]
     failed = []
-    for one in ids:
-        env = _make(one, {"data_dir": str(data_dir)} if data_dir else {})
-        try:
-            report = check_env(env)
-        except (EnvCheckError, SandboxError, RubricError) as exc:
-            console.print(f"[red]FAIL[/] {one}: " + escape(str(exc)))
-            failed.append(one)
-            continue
-        finally:
-            env.close()
-        console.print(f"[green]ok[/]   {one}: " + "; ".join(report.passed))
+    for i, one in enumerate(ids, 1):
+        with _working(f"checking {one} ({i}/{len(ids)})"):  # some take tens of seconds (sandboxes, agent programs)
+            env = _make(one, {"data_dir": str(data_dir)} if data_dir else {})
+            try:
+                report = check_env(env)
+            except (EnvCheckError, SandboxError, RubricError) as exc:
+                report = None
+                console.print(f"[red]FAIL[/] {one}: " + escape(str(exc)))
+                failed.append(one)
+            finally:
+                env.close()
+        if report is not None:
+            console.print(f"[green]ok[/]   {one}: " + "; ".join(report.passed))
     if failed:
         raise typer.Exit(1)
+
+
+WHO_ANSWERS = {  # the first line `envs play` prints: who chooses the assistant's text
+    Policy.gold: "answered by the gold policy: each action is the env's correct answer (info['gold']), so the reward "
+                 "is the best the env gives; --policy stdin to answer yourself, --policy random for random answers",
+    Policy.random: "answered by the random policy: a random option or tool call each turn",
+    Policy.stdin: "answered by you: type the assistant's text, one line per turn",
+}
 
 
 @envs_app.command("play")
@@ -176,6 +197,7 @@ def envs_play(
     from relax_gym.envs.random_policy import RandomPolicy
 
     env = _make(env_id, kwargs)
+    console.print(escape(WHO_ANSWERS[policy]))
     try:
         env.action_space.seed(seed)
         randomly = RandomPolicy(np.random.default_rng(seed))

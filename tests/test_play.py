@@ -1,4 +1,5 @@
-"""``relax-gym envs play``: piped answers all arrive, the header names only what it knows, the random policy plays by
+"""``relax-gym envs play``: its first line says who answers (``make play``: the gold policy), piped answers all
+arrive, the header names only what it knows, the random policy plays by
 the env's options and tools, and a tool that raises is shown with its traceback."""
 
 from __future__ import annotations
@@ -98,3 +99,22 @@ def test_play_saves_the_media_it_shows_when_asked(tmp_path):
     assert saved and all(path.endswith(".png") for path in saved)
     with Image.open(saved[0]) as first:
         assert first.size == (48, 48)  # the overview as the policy sees it
+
+
+@pytest.mark.parametrize("policy", ["gold", "random", "stdin"])
+def test_the_first_line_says_who_answers(policy):
+    result = runner.invoke(app, ["envs", "play", "nextqa-video", "--policy", policy], input="<answer>A</answer>\n")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == {
+        "gold": "answered by the gold policy: each action is the env's correct answer (info['gold']), so the reward is "
+                "the best the env gives; --policy stdin to answer yourself, --policy random for random answers",
+        "random": "answered by the random policy: a random option or tool call each turn",
+        "stdin": "answered by you: type the assistant's text, one line per turn"}[policy]
+
+
+def test_make_play_says_the_gold_policy_answers():
+    from pathlib import Path
+
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    target = makefile[makefile.index("\nplay:"):].split("\n\n")[0]
+    assert "gold policy answers" in target and "envs play nextqa-video" in target and "--policy gold" in target
