@@ -21,11 +21,7 @@ import relax_gym
 from relax_gym.trainer.actors.critic import Critic
 from relax_gym.trainer.actors.factory import build_actor
 from relax_gym.trainer.actors.hf import HFActor
-from relax_gym.trainer.algorithms import (
-    group_advantages,
-    identical_reward_groups,
-    zero_advantage_share,
-)
+from relax_gym.trainer.algorithms import identical_reward_groups, zero_advantage_share
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.dcs.names import checkpoint_names
 from relax_gym.trainer.dcs.push import make_pusher
@@ -55,7 +51,7 @@ from relax_gym.trainer.run.checkpoint import (
     trainer_state,
 )
 from relax_gym.trainer.run.driver import RunDriver
-from relax_gym.trainer.run.ppo import colocate_ppo_step, start_critic
+from relax_gym.trainer.run.ppo import colocate_update, start_critic
 from relax_gym.trainer.run.rollout_records import RolloutRecorder
 from relax_gym.trainer.run.seeds import eval_seeds, seed_everything, train_seeds
 from relax_gym.trainer.run.step_row import episodes_masked, eval_row, rollout_row
@@ -184,8 +180,6 @@ class ColocateTrainer:
             return metrics
         rewards = torch.tensor([t.reward for t in valid], dtype=torch.float32)
         groups = torch.tensor([t.group_id for t in valid], dtype=torch.long)
-        adv = group_advantages(rewards, groups, scale=cfg.algorithm.advantage_scale,
-                               negative_scale=cfg.algorithm.negative_advantage_scale)
         metrics["zero_adv_group_share"] = zero_advantage_share(rewards, groups)
         keep = torch.ones(len(valid), dtype=torch.bool)
         if cfg.algorithm.dynamic_sampling:
@@ -197,11 +191,9 @@ class ColocateTrainer:
         ref = None
         if self.ref_actor is not None:
             ref = self.ref_actor.logprobs(items, cfg.algorithm.temperature)
-        if self.critic is not None:  # ppo: per-token GAE advantages from the critic's values, then the critic's step
-            metrics.update(colocate_ppo_step(self.actor, self.critic, items, cfg.algorithm, ref_logprobs=ref,
-                                             epochs=cfg.actor.epochs_per_step))
-        else:
-            metrics.update(self.actor.rl_step(items, adv[keep], cfg.algorithm, ref_logprobs=ref, epochs=cfg.actor.epochs_per_step))
+        # the algorithm's registered estimator (ppo's gae takes the critic's values and trains the critic too)
+        metrics.update(colocate_update(self.actor, self.critic, items, cfg.algorithm, ref_logprobs=ref,
+                                       epochs=cfg.actor.epochs_per_step))
         return metrics
 
     # -- the loop -----------------------------------------------------------------------------------------
@@ -249,7 +241,7 @@ class ColocateTrainer:
         if cfg.algorithm.kl_coef > 0:
             ref_model = reference_model(self.run_dir, self.actor, self.processor, cfg.model, resumed=resumed is not None)
             self.ref_actor = HFActor(ref_model, self.processor, lr=1.0, micro_batch_size=cfg.actor.micro_batch_size)
-        if cfg.algorithm.name == "ppo":  # from the warmed-up policy, or the checkpoint's critic
+        if cfg.algorithm.needs_critic:  # ppo: from the warmed-up policy, or the checkpoint's critic
             self.critic = start_critic(cfg, self.actor, self.processor, self.resume.path if resumed is not None else None)
         self.train_envs = self._envs(min(t.concurrency, t.prompts_per_step * t.group_size), cfg.env.kwargs)
         self.eval_envs = self._envs(min(t.concurrency, t.eval_episodes), {**cfg.env.kwargs, **cfg.env.eval_kwargs})

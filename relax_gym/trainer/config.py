@@ -182,7 +182,7 @@ class RelaxConfig(_Section):
             raise ValueError(f"inference.sglang.port={self.inference.sglang.port} with roles.inference.replicas="
                              f"{self.roles.inference.replicas}: each replica launches its own server; use port 0 (a free one)")
         no_reference = self.trainer.mode == "async" and self.algorithm.kl_coef == 0
-        if self.trainer.mode == "async" and self.algorithm.name != "ppo" and any(
+        if self.trainer.mode == "async" and not self.algorithm.needs_critic and any(
                 f.kind == "kill" and f.role == "critic" for f in self.faults.inject):
             raise ValueError("faults.inject kills the critic role, which an async run deploys only when algorithm.name=ppo")
         if self.roles.critic.replicas != 1:

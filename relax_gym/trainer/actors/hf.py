@@ -28,7 +28,7 @@ from typing import Any, TypeAlias
 
 import torch
 
-from relax_gym.trainer.algorithms import AlgorithmConfig, policy_loss, sft_loss, token_logprobs
+from relax_gym.trainer.algorithms import AlgorithmConfig, policy_loss_of, sft_loss, token_logprobs
 from relax_gym.trainer.policy.model import save_policy
 from relax_gym.trainer.policy.routers import moe_routers, replay_routing, routing_shape
 from relax_gym.trainer.policy.routing import RoutingCounts, batch_routing
@@ -254,6 +254,7 @@ class HFActor:
         my_weight = sum(shares[i] for i in mine)
         chunk = [items[i] for i in mine]
         kwargs = algo.loss_kwargs()
+        loss_fn = policy_loss_of(algo.policy_loss)  # the registered loss the algorithm names (clipped surrogate)
         if tis_cap is not None:
             kwargs["tis_cap"] = tis_cap
         totals = self._stream_totals
@@ -263,7 +264,7 @@ class HFActor:
             old = lps.detach() if old_logprobs is None else _stack([old_logprobs[i] for i in mine], shape)
             rollout = _stack([torch.tensor(it.rollout_logprobs[1:], dtype=lps.dtype) for it in chunk], shape)
             ref = _stack([ref_logprobs[i] for i in mine], shape) if ref_logprobs is not None else None
-            out = policy_loss(lps, old, _advantage_matrix(advantages, mine, shape), mask, ref_logprobs=ref,
+            out = loss_fn(lps, old, _advantage_matrix(advantages, mine, shape), mask, ref_logprobs=ref,
                               rollout_logprobs=rollout if kwargs.get("tis_cap") else None, **kwargs)
             for k, v in out.metrics.items():
                 totals[k] = totals.get(k, 0.0) + v * my_weight

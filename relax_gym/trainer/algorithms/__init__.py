@@ -7,6 +7,8 @@
 - :mod:`.gae`: PPO with a critic: token-level GAE over a trajectory's trained tokens, advantage whitening, the
   clipped value loss, explained variance.
 - :mod:`.config`: ``AlgorithmConfig`` and its presets (grpo, dapo, gspo, ppo, sft).
+- :mod:`.registry`: the advantage estimators (``group``, ``gae``) and policy losses (``clipped``) by name; a new
+  one is one decorated function.
 """
 
 from relax_gym.trainer.algorithms.advantages import (
@@ -16,7 +18,7 @@ from relax_gym.trainer.algorithms.advantages import (
     zero_advantage_share,
 )
 from relax_gym.trainer.algorithms.config import PRESETS, AlgorithmConfig, AlgorithmName, preset
-from relax_gym.trainer.algorithms.gae import explained_variance, gae, gae_rows, value_loss, whiten
+from relax_gym.trainer.algorithms.gae import explained_variance, gae, gae_rows, next_token_mask, value_loss, whiten
 from relax_gym.trainer.algorithms.kl import KLKind, kl_penalty
 from relax_gym.trainer.algorithms.losses import (
     Aggregation,
@@ -27,9 +29,18 @@ from relax_gym.trainer.algorithms.losses import (
     sft_loss,
     token_logprobs,
 )
+from relax_gym.trainer.algorithms.registry import (
+    Advantages,
+    StepBatch,
+    advantage_estimator,
+    estimator,
+    policy_loss_function,
+    policy_loss_of,
+)
 
 __all__ = [
-    "PRESETS", "AdvantageScale", "Aggregation", "AlgorithmConfig", "AlgorithmName", "KLKind", "LossOutput",
-    "RatioLevel", "aggregate", "explained_variance", "gae", "gae_rows", "group_advantages", "identical_reward_groups",
-    "kl_penalty", "policy_loss", "preset", "sft_loss", "token_logprobs", "value_loss", "whiten", "zero_advantage_share",
+    "PRESETS", "AdvantageScale", "Advantages", "Aggregation", "AlgorithmConfig", "AlgorithmName", "KLKind", "LossOutput",
+    "RatioLevel", "StepBatch", "advantage_estimator", "aggregate", "estimator", "explained_variance", "gae", "gae_rows",
+    "group_advantages", "identical_reward_groups", "kl_penalty", "next_token_mask", "policy_loss", "policy_loss_function",
+    "policy_loss_of", "preset", "sft_loss", "token_logprobs", "value_loss", "whiten", "zero_advantage_share",
 ]

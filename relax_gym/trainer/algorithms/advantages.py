@@ -17,14 +17,16 @@ Decisions:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from relax_gym.trainer.algorithms.registry import Advantages, StepBatch, advantage_estimator
+
 AdvantageScale = Literal["std", "none"]
 
-__all__ = ["AdvantageScale", "group_advantages", "identical_reward_groups", "zero_advantage_share"]
+__all__ = ["AdvantageScale", "group_advantages", "group_relative", "identical_reward_groups", "zero_advantage_share"]
 
 
 def _groups(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -92,6 +94,16 @@ def group_advantages(
         centred = torch.where(centred < 0, centred * negative_scale, centred)
     same = _identical(x, index, n_groups)[index]
     return torch.where(same, torch.zeros_like(centred), centred).to(out_dtype)
+
+
+@advantage_estimator("group")
+def group_relative(batch: StepBatch, algo: Any) -> Advantages:
+    """The ``group`` estimator (GRPO, DAPO, GSPO): :func:`group_advantages` of the batch's rewards within their
+    groups, scaled by ``algo.advantage_scale`` and ``algo.negative_advantage_scale``."""
+    rewards = torch.tensor([float(r) for r in batch.rewards], dtype=torch.float32)
+    groups = torch.tensor([int(g) for g in batch.group_ids], dtype=torch.long)
+    return Advantages(group_advantages(rewards, groups, scale=algo.advantage_scale,
+                                       negative_scale=algo.negative_advantage_scale))
 
 
 def identical_reward_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:

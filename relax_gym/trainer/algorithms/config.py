@@ -10,9 +10,13 @@ name   clip low / high  ratio level  aggregation           advantages      kl_co
 grpo   0.2 / 0.2        token        seq_mean_token_mean   group, std      0        no
 dapo   0.2 / 0.28       token        token_mean            group, std      0        yes
 gspo   3e-4 / 4e-4      sequence     seq_mean_token_mean   group, std      0        no
-ppo    0.2 / 0.2        token        token_mean            GAE, whitened   0        no
+ppo    0.2 / 0.2        token        token_mean            gae, whitened   0        no
 sft    (unused)         token        token_mean            (unused)        0        no
 =====  ===============  ===========  ====================  ==============  =======  ===============
+
+The advantages column is the preset's ``advantage_estimator`` and every preset's ``policy_loss`` is ``clipped``:
+names in the registries of :mod:`.registry` (a new estimator or loss is one decorated function there, and a recipe
+picks it by name, validated here).
 
 GSPO's clip range is the paper's (Zheng et al. 2025, sec. 5.1): a sequence ratio is a length-normalised
 geometric mean, so it stays much closer to 1 than token ratios do. ``tis_cap`` (truncated importance sampling
@@ -35,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from relax_gym.trainer.algorithms.advantages import AdvantageScale
 from relax_gym.trainer.algorithms.kl import KLKind
 from relax_gym.trainer.algorithms.losses import Aggregation, RatioLevel
+from relax_gym.trainer.algorithms.registry import estimator, estimator_names, policy_loss_names
 
 AlgorithmName = Literal["grpo", "dapo", "gspo", "ppo", "sft"]
 
@@ -47,7 +52,7 @@ PRESETS: dict[str, dict[str, Any]] = {
              "advantage_scale": "std", "kl_coef": 0.0, "dynamic_sampling": True},
     "gspo": {"clip_low": 3e-4, "clip_high": 4e-4, "ratio_level": "sequence", "aggregation": "seq_mean_token_mean",
              "advantage_scale": "std", "kl_coef": 0.0, "dynamic_sampling": False},
-    "ppo": {"clip_low": 0.2, "clip_high": 0.2, "ratio_level": "token", "aggregation": "token_mean", "kl_coef": 0.0,
+    "ppo": {"advantage_estimator": "gae", "clip_low": 0.2, "clip_high": 0.2, "ratio_level": "token", "aggregation": "token_mean", "kl_coef": 0.0,
             "dynamic_sampling": False, "gamma": 1.0, "lam": 0.95, "value_clip": 0.2, "whiten_advantages": True},
     "sft": {"ratio_level": "token", "aggregation": "token_mean", "kl_coef": 0.0, "dynamic_sampling": False},
 }
@@ -59,6 +64,8 @@ class AlgorithmConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: AlgorithmName = "grpo"
+    advantage_estimator: str = "group"  # a name in the estimator registry (registry.py); ppo's preset: gae
+    policy_loss: str = "clipped"  # a name in the policy-loss registry
     clip_low: float = Field(default=0.2, gt=0, lt=1)  # ratio lower bound 1 - clip_low must stay > 0
     clip_high: float = Field(default=0.2, gt=0)
     ratio_level: RatioLevel = "token"
@@ -77,12 +84,25 @@ class AlgorithmConfig(BaseModel):
     value_clip: float | None = Field(default=0.2, gt=0)  # clip of the value loss around the old values; None: off
     whiten_advantages: bool = True  # normalise the step's token advantages to mean 0, std 1
 
+    @property
+    def needs_critic(self) -> bool:
+        """The estimator takes a critic's values (ppo's ``gae``): the run trains a value model beside the policy."""
+        return estimator(self.advantage_estimator).needs_critic
+
+    @model_validator(mode="after")
+    def _known_names(self) -> AlgorithmConfig:
+        if self.advantage_estimator not in estimator_names():
+            raise ValueError(f"unknown advantage_estimator {self.advantage_estimator!r}; registered: {estimator_names()}")
+        if self.policy_loss not in policy_loss_names():
+            raise ValueError(f"unknown policy_loss {self.policy_loss!r}; registered: {policy_loss_names()}")
+        return self
+
     @model_validator(mode="after")
     def _ppo_has_no_groups(self) -> AlgorithmConfig:
-        if self.name == "ppo" and self.dynamic_sampling:
+        if self.needs_critic and self.dynamic_sampling:
             raise ValueError("dynamic_sampling drops groups whose rewards are all equal, which carry no signal only for "
                              "group-relative advantages; algorithm.name=ppo takes its advantages from the critic")
-        if self.name == "ppo" and self.negative_advantage_scale != 1.0:
+        if self.needs_critic and self.negative_advantage_scale != 1.0:
             raise ValueError(f"negative_advantage_scale={self.negative_advantage_scale} scales group advantages; "
                              "algorithm.name=ppo takes its advantages from the critic (leave it at 1.0)")
         return self

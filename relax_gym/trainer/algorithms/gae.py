@@ -22,13 +22,15 @@ scattered back to the original positions. Statistics are float64; results come b
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from relax_gym.trainer.algorithms.losses import LossOutput
+from relax_gym.trainer.algorithms.registry import Advantages, StepBatch, advantage_estimator
 
-__all__ = ["explained_variance", "gae", "gae_rows", "value_loss", "whiten"]
+__all__ = ["explained_variance", "gae", "gae_estimator", "gae_rows", "next_token_mask", "value_loss", "whiten"]
 
 
 def _valid(mask: Tensor, like: Tensor, name: str) -> Tensor:
@@ -109,6 +111,28 @@ def gae_rows(values: Sequence[Tensor], masks: Sequence[Tensor], rewards: Sequenc
     if whiten_advantages:
         adv = whiten(adv, m)
     return ([adv[i, :n].float() for i, n in enumerate(lengths)], [ret[i, :n].float() for i, n in enumerate(lengths)])
+
+
+def next_token_mask(loss_mask: Sequence[int] | Tensor) -> Tensor:
+    """A trajectory's loss mask at its next-token positions (``loss_mask[1:]``, float32): the alignment of the
+    actor's log-probs and the critic's values."""
+    return torch.as_tensor(loss_mask, dtype=torch.float32).reshape(-1)[1:]
+
+
+@advantage_estimator("gae", needs_critic=True)
+def gae_estimator(batch: StepBatch, algo: Any) -> Advantages:
+    """The ``gae`` estimator (PPO): per-token advantages and returns of a step's trained trajectories from the
+    critic's values (GAE with ``algo.gamma`` / ``algo.lam``, whitened over all their trained tokens when
+    ``algo.whiten_advantages``): one row each, aligned with its values row."""
+    masks = []
+    for i, (mask, row) in enumerate(zip(batch.loss_masks or [], batch.values or [])):
+        m = next_token_mask(mask)
+        if m.numel() != row.numel():
+            raise ValueError(f"trajectory {i}: {row.numel()} values for {m.numel()} next-token positions")
+        masks.append(m)
+    adv, ret = gae_rows(list(batch.values or []), masks, [float(r) for r in batch.rewards], gamma=algo.gamma,
+                        lam=algo.lam, whiten_advantages=algo.whiten_advantages)
+    return Advantages(adv, ret)
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from relax_gym.trainer.algorithms.kl import KLKind, kl_penalty
+from relax_gym.trainer.algorithms.registry import policy_loss_function
 
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 RatioLevel = Literal["token", "sequence"]
@@ -75,6 +76,7 @@ def _token_mean(values: Tensor, valid: Tensor) -> float:
     return float(values.detach().masked_fill(~valid, 0.0).sum()) / n if n else 0.0
 
 
+@policy_loss_function("clipped")
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,

@@ -74,7 +74,7 @@ def plan_roles(cfg: RelaxConfig, bus: Any, coordinator: Any, app_prefix: str, *,
     if cfg.algorithm.kl_coef > 0:
         specs.append(RoleSpec("reference", "relax_gym.trainer.async_engine.roles.reference:ReferenceRole", (plain, bus),
                               {"torch_threads": roles.reference.torch_threads}, roles.reference))
-    if cfg.algorithm.name == "ppo":  # the value model: one replica holding training state, like the actor
+    if cfg.algorithm.needs_critic:  # ppo: the value model, one replica holding training state, like the actor
         specs.append(RoleSpec("critic", "relax_gym.trainer.async_engine.roles.critic:CriticRole", (plain, bus),
                               {"torch_threads": roles.critic.torch_threads, "resume_from": resume_from}, roles.critic))
     for spec in specs:  # recovery: restart counts, late inference replicas catching up, the actor's checkpoint
@@ -108,7 +108,7 @@ def ensure_ray(cfg: RelaxConfig) -> bool:
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False, configure_logging=False, namespace="relax-gym")
         return True
     r = cfg.roles
-    optional = ([r.critic] if cfg.algorithm.name == "ppo" else []) + ([r.genrm] if cfg.judge is not None else [])
+    optional = ([r.critic] if cfg.algorithm.needs_critic else []) + ([r.genrm] if cfg.judge is not None else [])
     reserved = sum(s.num_cpus * s.replicas for s in (r.env_worker, r.inference, r.reference, r.advantages, r.actor, *optional))
     p = cfg.actor.parallel
     if cfg.actor.backend == "megatron" and (p.world > 1 or p.launcher == "ray"):
@@ -159,7 +159,7 @@ class Topology:
         replicas = {"env_worker": r.env_worker.replicas, "inference": r.inference.replicas, "advantages": r.advantages.replicas,
                     "actor": 1, **({"reference": r.reference.replicas} if self.cfg.algorithm.kl_coef > 0 else {}),
                     **({"genrm": r.genrm.replicas} if self.cfg.judge is not None else {}),
-                    **({"critic": 1} if self.cfg.algorithm.name == "ppo" else {})}
+                    **({"critic": 1} if self.cfg.algorithm.needs_critic else {})}
         registry = ray.remote(num_cpus=0)(ReplicaRegistry).options(name=f"{self.prefix}-replicas").remote(replicas)
         self.actors.append(registry)
         self.supervisor = Supervisor(registry, budget=r.restart_budget, wait_s=r.replica_wait_s)

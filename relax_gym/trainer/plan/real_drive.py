@@ -292,7 +292,7 @@ def drive(costs: Costs, cfg: RelaxConfig | dict[str, Any], *, faults: RoleFaults
     t = cfg.trainer
     if t.mode != "async":
         raise ValueError(f"the controller drive simulates trainer.mode=async, not {t.mode!r}")
-    if cfg.algorithm.name == "ppo" or cfg.judge is not None or cfg.faults.inject:
+    if cfg.algorithm.needs_critic or cfg.judge is not None or cfg.faults.inject:
         raise ValueError("the controller drive simulates neither PPO's critic, a judge, nor faults: (use RoleFaults)")
     t = t.model_copy(update={"checkpoint_every": t.steps + 1, "eval_every": t.steps + 1,
                              "sft_warmup_steps": 0, "time_budget_s": None})

@@ -39,7 +39,7 @@ from relax_gym.trainer.policy import build_policy, save_policy
 from relax_gym.trainer.rollout.episode import Trajectory
 from relax_gym.trainer.rollout.samples import sample_id, trajectory_row
 from relax_gym.trainer.run.checkpoint import CRITIC_DIR
-from relax_gym.trainer.run.ppo import colocate_ppo_step, step_advantages
+from relax_gym.trainer.run.ppo import colocate_update, step_advantages
 from relax_gym.trainer.run.warmup import demonstration
 
 from ..test_recovery_units import Remote
@@ -117,7 +117,7 @@ def test_an_async_ppo_step_equals_the_colocate_one(trajectories, tmp_path):
     sgd(critic, critic.net.parameters())
     valid = [t for t in trajectories if t.trainable]
     values_before = critic.values(valid)
-    m_colocate = colocate_ppo_step(actor, critic, valid, cfg.algorithm)
+    m_colocate = colocate_update(actor, critic, valid, cfg.algorithm)
 
     role_actor, role_critic, _, answers = asyncio.run(async_step(cfg, trajectories, init))
     values_answer, adv_answer, train_answer, critic_metrics = answers

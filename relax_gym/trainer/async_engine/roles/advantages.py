@@ -1,12 +1,13 @@
 """The advantages role: stateless; turns whole groups of rewards into per-sample advantages.
 
 It asks the bus for whole groups of a step's partition (``reward``, ``group_id``, ``trainable``), computes the
-group-relative advantage of every valid sample (the masked ones get 0: they never reach the loss), applies DAPO's
+advantage of every valid sample with the algorithm's registered estimator (``algorithm.advantage_estimator``,
+trainer/algorithms/registry.py; the masked ones get 0: they never reach the loss), applies DAPO's
 dynamic-sampling filter when the algorithm asks for it (a group whose valid rewards are all equal carries no
 signal and is marked ``keep = False``), and writes ``advantages`` and ``keep`` back as new columns of the same
 rows. The numbers are those of the colocate trainer: the same functions, on the same groups.
 
-Under PPO (``algorithm.name: ppo``) it also needs each row's ``loss_mask`` and the critic role's ``values``, and
+Under an estimator that needs a critic (ppo's ``gae``) it also needs each row's ``loss_mask`` and the critic role's ``values``, and
 writes GAE's per-token ``advantages`` and ``returns`` (:func:`~relax_gym.trainer.run.ppo.step_advantages`, the
 colocate trainer's function). Whitening (``algorithm.whiten_advantages``) uses the whole step's tokens, so the role
 then asks for the whole partition in one fetch, which the bus delivers once every row is ready (no lease is held
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from relax_gym.trainer.algorithms import AlgorithmConfig, group_advantages, identical_reward_groups
+from relax_gym.trainer.algorithms import AlgorithmConfig, StepBatch, estimator, identical_reward_groups
 from relax_gym.trainer.async_engine.bus_source import open_bus
 from relax_gym.trainer.async_engine.contracts import AdvantagesAnswer
 from relax_gym.trainer.async_engine.replica import announce_replica
@@ -34,7 +35,10 @@ PPO_FIELDS = FIELDS + ["loss_mask", "values"]
 
 
 def group_fields(group_ids: list[int], rewards: list[float], trainable: list[bool], algo: AlgorithmConfig) -> tuple[dict[str, list[Any]], dict[str, int]]:
-    """``({"advantages": [...], "keep": [...]}, counts)`` for rows holding whole groups (any order)."""
+    """``({"advantages": [...], "keep": [...]}, counts)`` for rows holding whole groups (any order). The advantages
+    are the registered estimator's; under one that needs a critic only the counts matter (:func:`gae_fields`
+    writes its advantages), and they stay 0 here."""
+    est = estimator(algo.advantage_estimator)
     n = len(group_ids)
     adv, keep = [0.0] * n, [False] * n
     valid = [i for i in range(n) if trainable[i]]
@@ -42,7 +46,8 @@ def group_fields(group_ids: list[int], rewards: list[float], trainable: list[boo
     if valid:
         r = torch.tensor([rewards[i] for i in valid], dtype=torch.float32)
         g = torch.tensor([group_ids[i] for i in valid], dtype=torch.long)
-        a = group_advantages(r, g, scale=algo.advantage_scale, negative_scale=algo.negative_advantage_scale)
+        a = (torch.zeros(len(valid)) if est.needs_critic
+             else est.estimate(StepBatch([rewards[i] for i in valid], [group_ids[i] for i in valid]), algo).advantages)
         same = identical_reward_groups(r, g)
         kept = ~same if algo.dynamic_sampling else torch.ones(len(valid), dtype=torch.bool)
         for j, i in enumerate(valid):
@@ -97,7 +102,7 @@ class AdvantagesRole:
         (groups, groups with identical rewards, kept samples, masked samples) for the step's metrics."""
         bus = self._ready()
         totals = AdvantagesAnswer(groups=0, zero_adv_groups=0, valid_groups=0, kept=0, masked=0, rows=0)
-        ppo = self.algo.name == "ppo"
+        ppo = estimator(self.algo.advantage_estimator).needs_critic  # ppo's gae: the critic's values, the whole step
         held: list[Any] = []  # PPO with whitening: the step's batches, written together once all have arrived
         while totals["rows"] < n_rows:
             size = group_size
