@@ -16,14 +16,16 @@ The drive, per step k (counted from 0; metrics rows use k + 1 like the colocate 
 1. the launcher waits on the :class:`~relax_gym.trainer.async_engine.staleness.StalenessGate` until ``k - v_trained <= S``,
    opens partition k on the bus and sends one ``run_group`` call per prompt group to the env workers (the seeds
    are the colocate trainer's, so both modes see the same prompts), plus one ``process`` call per streaming
-   role (advantages, reference, critic) for that partition;
+   role (advantages, reference, critic) for that partition, and hands them to the loop as one
+   :class:`~relax_gym.trainer.async_engine.launches.LaunchedStep`;
 2. the trainer loop calls ``actor.train_step(k)``, which trains on micro-batches as they become ready and
    returns once the step's weights are in the engines (under PPO ``critic.train(k)`` runs beside it on the same
    partition, whose ``values`` the critic's streaming call of step 1 wrote for the advantages role's GAE); then the
    gate advances, which may start a rollout;
 3. the step's metrics are gathered from the answers (rewards and statuses from the env workers, group counts from
-   the advantages role, losses, staleness and data wait from the actor), evaluated / checkpointed on the same
-   schedule as colocate, and written in step order.
+   the advantages role, losses, staleness and data wait from the actor: typed in
+   :mod:`~relax_gym.trainer.async_engine.contracts`), and the step tail both modes share
+   (:class:`~relax_gym.trainer.run.driver.RunDriver`: eval, metrics row, checkpoint, stop) runs in step order.
 
 Every call is awaited; nothing polls. The controller keeps a ledger of sample ids: produced (answered by env
 workers) and consumed (named by the actor), reported in the summary (``samples_produced``,

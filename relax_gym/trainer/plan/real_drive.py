@@ -6,9 +6,10 @@ driving the simulated roles.
     result.rows               # its metrics rows (metrics.jsonl)
     result.log.digest()       # the simulated roles' event log: same inputs, same digest
 
-What runs is the controller's code as a run executes it -- ``_supervised``, ``_loop`` (warm-up call, eval, the
-steps), ``_launch``, ``_rollout``, ``_carried_group``, ``_group`` (re-sends and masking), ``_stream``, ``_step_row``,
-``_evaluate``, ``_abandon``, its sample ledger and metrics files -- with recovery's
+What runs is the controller's code as a run executes it -- ``_supervised``, ``_loop`` (``_prepare``: warm-up call,
+eval; ``_step`` per step), ``_launch``, ``_rollout``, ``_carried_group``, ``_group`` (re-sends and masking),
+``_stream``, ``_step_row``, ``evaluate``, ``_abandon``, the run driver's step tail, its sample ledger and metrics
+files -- with recovery's
 :class:`~relax_gym.trainer.async_engine.recovery.Supervisor` (retried calls, the restart watch on a
 :class:`~relax_gym.trainer.async_engine.recovery.ReplicaRegistry`), the staleness gate, the carry feeder and slots,
 the in-process bus and the advantages role. Only the deployment is replaced: :class:`SimTopology` hands the
