@@ -140,23 +140,21 @@ def _avqa_answer(item: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# fixtures: the full default-size samples, generated once through ensure_sample
+# fixtures: the full default-size samples, through ensure_sample into the suite's sample cache
 # ------------------------------------------------------------------------------------------
+# The same folders the nextqa-video and echo-ink envs read (their manifests name these samples), so the suite
+# generates each once, here or in whichever env test comes first, and checks here what the envs are given. A
+# writer change comes with a new SAMPLE_VERSION (a new folder); a fresh clone starts from an empty cache.
 
 
 @pytest.fixture(scope="module")
-def samples_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("samples")
+def nextqa() -> Path:
+    return samples.ensure_sample("nextqa")
 
 
 @pytest.fixture(scope="module")
-def nextqa(samples_root: Path) -> Path:
-    return samples.ensure_sample("nextqa", root=samples_root)
-
-
-@pytest.fixture(scope="module")
-def avqa(samples_root: Path) -> Path:
-    return samples.ensure_sample("avqa", root=samples_root)
+def avqa() -> Path:
+    return samples.ensure_sample("avqa")
 
 
 # ------------------------------------------------------------------------------------------
