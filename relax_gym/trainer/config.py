@@ -24,7 +24,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relax_gym.trainer.actors.settings import ActorSection, CriticSection
-from relax_gym.trainer.actors.settings import LRSchedule  # noqa: F401 - run/lr_schedule.py still imports it from here
 from relax_gym.trainer.algorithms import AlgorithmConfig
 from relax_gym.trainer.base.spec import BASES
 from relax_gym.trainer.config_loader import ConfigError, load_config

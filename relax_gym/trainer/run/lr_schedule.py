@@ -17,7 +17,7 @@ import math
 from collections import deque
 from typing import Any
 
-from relax_gym.trainer.config import LRSchedule
+from relax_gym.trainer.actors.settings import LRSchedule
 
 __all__ = ["DecayGate", "LRSchedule", "decayed_fraction", "lr_at", "progress", "step_lr"]
 
