@@ -13,7 +13,7 @@ Out of the completion: every well-formed ``<tool_call>`` block becomes an OpenAI
 ``type: "function"``, ``function.arguments`` a JSON string); the text outside them is the content (None when
 empty). A malformed or unclosed block is left in the content.
 
-Used by the OpenAI endpoint (:mod:`relax_gym.trainer.engines.openai_api`) and the environments' turn proxy.
+Used by the OpenAI endpoint (:mod:`relax_gym.trainer.gateway.api`) and the environments' turn proxy.
 This module imports nothing of relax_gym outside ``relax_gym.omni``.
 """
 
