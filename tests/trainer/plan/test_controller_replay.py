@@ -55,12 +55,15 @@ def test_an_env_worker_dying_mid_group_is_replaced_and_its_group_lands_once(stra
     assert before & after
 
 
-def test_a_streaming_role_dying_mid_step_gives_its_leases_back_and_the_rows_are_processed_once():
-    plain = drive(costs(), config())
-    faults = RoleFaults().fail("advantages", "process", after=2, hang_s=3.0)  # step 3's stream dies after 3 s
-    r = drive(costs(), config(), faults=faults)
+@pytest.mark.parametrize("role", ["advantages", "reference"])
+def test_a_streaming_role_dying_mid_step_gives_its_leases_back_and_the_rows_are_processed_once(role):
+    with_ref = costs().with_updates(train={"ref_s_per_token": 5e-5})  # a reference forward: the role is deployed
+    cfg = config() if role == "advantages" else RelaxConfig.model_validate({**config().model_dump(), "algorithm": {"kl_coef": 0.05}})
+    plain = drive(with_ref, cfg)
+    faults = RoleFaults().fail(role, "process", after=2, hang_s=3.0)  # step 3's stream dies after 3 s
+    r = drive(with_ref, cfg, faults=faults)
     ledger_ok(r.summary)
-    assert r.summary["restarts_level1"] == {"advantages": 1}
+    assert r.summary["restarts_level1"] == {role: 1} and len(r.topology.faults.fired) == 1
     assert [row["samples_consumed"] for row in r.rows] == [P * G] * 6
     # the rows are the same rows; only the time changes (the stream was cut and sent again)
     assert [row["episodes_trained"] for row in r.rows] == [row["episodes_trained"] for row in plain.rows]
