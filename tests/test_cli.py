@@ -23,17 +23,36 @@ def test_envs_list_and_show():
     assert '"format": "r1json"' in result.output
 
 
-def test_envs_check_all_exits_zero():
+def test_envs_check_all_exits_zero_and_names_each_env_before_its_check():
     import relax_gym
+
+    _need_a_sandbox()  # tool-use runs code in a sandbox
+    result = runner.invoke(app, ["envs", "check", "--all"])
+    assert result.exit_code == 0, result.output
+    ids = relax_gym.list_envs()
+    assert len(ids) >= 4
+    expected = [line for i, env_id in enumerate(ids, 1) for line in (f"checking {env_id} ({i}/{len(ids)})", f"ok   {env_id}")]
+    assert [line.split(": ")[0] for line in result.output.splitlines() if line.startswith(("checking ", "ok "))] == expected
+
+
+def test_envs_check_leaves_no_event_loop_or_docker_socket_open():
+    """In its own interpreter, with ResourceWarnings as errors: the exit finds nothing of the sandboxes left open."""
+    _need_a_sandbox()
+    proc = subprocess.run([sys.executable, "-X", "dev", "-W", "error::ResourceWarning", "-m", "relax_gym.cli", "envs",
+                           "check", "tool-use"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("checking tool-use (1/1)\nok   tool-use: ")
+    for leak in ("ResourceWarning", "Exception ignored", "unclosed", "cannot schedule new futures"):
+        assert leak not in proc.stderr, proc.stderr
+
+
+def _need_a_sandbox() -> None:
     from relax_gym.sandbox import SandboxUnavailable, select_backend
 
     try:
-        select_backend()  # tool-use runs code in a sandbox
+        select_backend()
     except SandboxUnavailable as exc:
         pytest.skip(str(exc))
-    result = runner.invoke(app, ["envs", "check", "--all"])
-    assert result.exit_code == 0, result.output
-    assert result.output.count("ok ") == len(relax_gym.list_envs()) >= 4
 
 
 def test_envs_check_needs_an_id_or_all():
