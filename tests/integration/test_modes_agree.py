@@ -50,3 +50,9 @@ def test_colocate_and_async_write_the_same_checkpoints_and_metrics(ray_session, 
             assert colocate[step] - COLOCATE_ONLY == async_[step] - ASYNC_ONLY, (budget, step)
         last = max(colocate)
         assert {"eval_reward", "eval_accuracy", "eval_format", "accuracy_mean", "format_mean"} <= colocate[last]
+    # the async S = 0 run (stragglers=wait) files each step's train episodes by their place in the step, once each
+    records = {p.name: [json.loads(x) for x in p.read_text().splitlines()]
+               for p in (tmp_path / "async-null" / "rollouts").glob("step_*.jsonl")}
+    assert [r["kind"] for r in records["step_000000.jsonl"]] == ["eval", "eval"]
+    for step in (1, 2, 3):
+        assert sorted(r["index"] for r in records[f"step_{step:06d}.jsonl"] if r["kind"] == "train") == list(range(4))
