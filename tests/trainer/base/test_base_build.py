@@ -10,6 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from relax_gym.cli import app
+from relax_gym.envs.samples import ensure_sample
 from relax_gym.envs.synth_captions import (
     CAPTION_SAMPLES,
     write_audio_image_captions,
@@ -29,9 +30,13 @@ SPEC = BaseSpec(corpora={"video-captions": 0.5, "audio-image-captions": 0.5}, st
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    """A private cache holding small caption corpora (the real ones are 2000 clips), and a small named base."""
+    """A private cache holding small caption corpora (the real ones are 2000 clips), and a small named base; the
+    recipe's nextqa sample is the suite's own (a link: generating its 2,200 clips again costs ~30 s)."""
+    nextqa = ensure_sample("nextqa")  # in the suite's cache, before the private one replaces it
     monkeypatch.setenv("RELAX_GYM_CACHE", str(tmp_path / "cache"))
     samples = tmp_path / "cache" / "samples"
+    samples.mkdir(parents=True)
+    (samples / nextqa.name).symlink_to(nextqa, target_is_directory=True)
     write_video_captions(samples / f"video-captions-v{CAPTION_SAMPLES['video-captions']}", n_train=8, n_held=4)
     write_audio_image_captions(samples / f"audio-image-captions-v{CAPTION_SAMPLES['audio-image-captions']}", n_train=6, n_held=3)
     monkeypatch.setitem(spec_module.BASES, "test-tiny", SPEC)
