@@ -17,6 +17,33 @@ REPO = Path(__file__).resolve().parents[1]
 # $RELAX_GYM_CACHE, else ~/.cache/relax-gym. The suite does not choose its own; .ci/run sets RELAX_GYM_CACHE.
 
 
+# Tests that share a machine-wide resource run one after another on one worker when the suite runs in parallel
+# (`make test` uses pytest-xdist with --dist loadgroup): the Ray session and the sandbox engines (tests count the
+# containers and sandboxes alive, so two workers' sandboxes must not meet), and the real-width checkpoints (GBs each).
+_MACHINE_WORDS = ("docker", "bwrap", "ray_session", "trainer.mode=async", "trainer.mode={mode}")
+_REAL_WIDTH_WORDS = ("standin_3b", "real_width", "write_standin", "qwen2.5-omni-3b")
+
+
+def serial_group(path: Path, fixtures: list[str], source: str) -> str | None:
+    """The xdist group a test must run in, or None when it may run beside anything."""
+    if "integration" in path.parts or any(w in source for w in _MACHINE_WORDS):
+        return "machine"
+    if any(w in source for w in _REAL_WIDTH_WORDS):
+        return "real-width"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    sources: dict[Path, str] = {}
+    for item in items:
+        path = Path(item.fspath)
+        if path not in sources:
+            sources[path] = path.read_text(encoding="utf-8")
+        group = serial_group(path, list(getattr(item, "fixturenames", ())), sources[path])
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -25,6 +52,28 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under RELAX_GYM_CI=1, which forbids skips: {reason}"
+    if report.when == "call" and report.duration > LONG_TEST_S and not slow_reason(item):
+        report.user_properties.append(("long_without_reason", round(report.duration, 1)))
+
+
+LONG_TEST_S = 60.0  # a test that runs longer carries @pytest.mark.slow(reason=...) saying why it needs that long
+
+
+def slow_reason(item) -> str | None:
+    marker = item.get_closest_marker("slow")
+    return marker.kwargs.get("reason") if marker is not None else None
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Name the tests that ran over LONG_TEST_S without a slow(reason=...) marker (a note, not a failure: how
+    long a test takes depends on the machine's load, and no test may fail on that)."""
+    unmarked = [(dict(r.user_properties)["long_without_reason"], r.nodeid)
+                for reports in terminalreporter.stats.values() for r in reports
+                if getattr(r, "user_properties", None) and "long_without_reason" in dict(r.user_properties)]
+    if unmarked:
+        terminalreporter.section(f"over {LONG_TEST_S:.0f} s without @pytest.mark.slow(reason=...)")
+        for seconds, nodeid in sorted(unmarked, reverse=True):
+            terminalreporter.write_line(f"{seconds:7.1f}s {nodeid}")
 
 
 @pytest.fixture

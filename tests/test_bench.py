@@ -103,7 +103,7 @@ def test_unknown_name_exits_2_with_a_suggestion(fakes):
     assert "no benchmark 'alpah' (did you mean alpha?)" in result.output
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="runs the benchmark runner end to end over every registered benchmark (fakes)")
 @pytest.mark.timeout(300)
 def test_all_reports_ok_skipped_and_failed_and_rewrites_only_the_docs_section(fakes, tmp_path):
     docs = tmp_path / "docs" / "benchmarks.md"
@@ -133,7 +133,7 @@ def test_all_reports_ok_skipped_and_failed_and_rewrites_only_the_docs_section(fa
     assert "| alpha (" in md and "| latency_ms | 1.5 |" in md
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="waits for a benchmark child to pass its timeout and be killed")
 @pytest.mark.timeout(120)
 def test_a_benchmark_past_its_timeout_is_killed_with_what_it_started(tmp_path):
     folder = _write(tmp_path / "benchmarks", {"sleeper.py": SLEEPER})

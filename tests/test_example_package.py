@@ -59,7 +59,7 @@ def site(work) -> Path:
     return target
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="pip-installs the example package into a fresh site")
 @pytest.mark.timeout(600)
 def test_entry_point_is_declared_in_the_installed_metadata(site):
     (dist,) = site.glob("relax_gym_example_env-*.dist-info")
@@ -68,7 +68,7 @@ def test_entry_point_is_declared_in_the_installed_metadata(site):
     assert f"{ENV_ID} = relax_gym_example_env.lamp_panel:LampPanelEnv" in entry_points
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="pip-installs the example package into a fresh site")
 @pytest.mark.timeout(600)
 def test_installed_package_is_found_by_make_and_passes_check_env(site):
     proc = _probe(site)
@@ -81,7 +81,7 @@ def test_installed_package_is_found_by_make_and_passes_check_env(site):
     assert "gold action => max reward" in found["passed"] and "garbage action => min reward, no exception" in found["passed"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a fresh interpreter scans every entry point")
 @pytest.mark.timeout(300)
 def test_without_the_package_the_id_is_unknown():
     proc = _probe(None)
@@ -89,7 +89,7 @@ def test_without_the_package_the_id_is_unknown():
     assert f"no environment {ENV_ID!r}" in proc.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="runs the installed package's own test suite in a child")
 @pytest.mark.timeout(600)
 def test_the_package_own_tests_pass_once_installed(site, work):
     """What a third party would run: the package's tests, against the installed package (not the repo's tests)."""

@@ -36,7 +36,7 @@ def results(out: Path) -> dict[str, dict]:
     return {row["check"]: row for row in map(json.loads, (out / "gpu_check.jsonl").read_text().splitlines())}
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="runs every step of scripts/gpu_check.sh on the CPU, real-width stand-in included")
 @pytest.mark.timeout(900)
 def test_dry_run_runs_every_check_on_cpu_and_passes(tmp_path, standin_3b):
     model_args = f"--layers 1 --standin {standin_3b} --freeze-vocab"

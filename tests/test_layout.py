@@ -252,3 +252,37 @@ def test_circle_checker_sees_a_circle_through_a_function_and_a_type_hint(tmp_pat
     (pkg / "envs" / "c.py").write_text("import relax_gym.envs.a\n")
     (pkg / "envs" / "d.py").write_text("from relax_gym.envs import a, b\n")  # imports the circle, is not in it
     assert circles(file_graph(pkg)) == [["relax_gym.envs.a", "relax_gym.envs.b", "relax_gym.envs.c"]]
+
+
+def slow_markers_without_reason(tests_root: Path) -> list[str]:
+    """`pytest.mark.slow` used bare or without reason=... (a test over a minute says why it needs that long)."""
+    found = []
+    for path in sorted(tests_root.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            target = node.func if isinstance(node, ast.Call) else node
+            if not (isinstance(target, ast.Attribute) and target.attr == "slow" and isinstance(target.value, ast.Attribute)
+                    and target.value.attr == "mark"):
+                continue
+            if isinstance(node, ast.Call) and any(k.arg == "reason" for k in node.keywords):
+                continue
+            if not isinstance(node, ast.Call) and _is_called(node, path):
+                continue
+            found.append(f"{path.relative_to(tests_root)}:{node.lineno}")
+    return found
+
+
+def _is_called(attr: ast.Attribute, path: Path) -> bool:
+    """Whether this bare `pytest.mark.slow` attribute is the func of a call (checked as that call instead)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.lineno == attr.lineno
+               and n.func.col_offset == attr.col_offset and n.func.attr == "slow" for n in ast.walk(tree))
+
+
+def test_every_slow_marker_gives_its_reason():
+    assert slow_markers_without_reason(PKG.parent / "tests") == []
+
+
+def test_slow_marker_check_sees_a_bare_marker(tmp_path):
+    (tmp_path / "test_x.py").write_text("import pytest\n\n@pytest.mark.slow\ndef test_a(): pass\n\n"
+                                        "@pytest.mark.slow(reason='builds a model')\ndef test_b(): pass\n")
+    assert slow_markers_without_reason(tmp_path) == ["test_x.py:3"]

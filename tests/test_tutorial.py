@@ -101,7 +101,7 @@ def test_tutorial_module_is_the_example_package_module():
         f"the lamp_panel.py block in {TUTORIAL.name} differs from {EXAMPLE_MODULE.relative_to(REPO)}; update both")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="runs every command of the tutorial in order, training included")
 @pytest.mark.timeout(900)
 def test_tutorial_runs_in_order(tmp_path):
     last_output: str | None = None

@@ -184,7 +184,7 @@ def element_ready(kind: str) -> str:
             f" return m.readyState >= 1 && m.duration > 0 {'&& m.videoWidth > 0' if kind == 'video' else ''}; }})()")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="records a video agent run, then drives the viewer page in headless Chromium")
 @pytest.mark.timeout(900)
 def test_viewer_page_on_a_video_agent_run(tmp_path, chromium):
     check_video_run_page(train(tmp_path, VIDEO_RUN, "video-run"), chromium, tmp_path)
@@ -230,7 +230,7 @@ def check_video_run_page(run_dir: Path, chromium: str, tmp_path: Path) -> None:
         viewer.close()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="records an image and audio agent run, then drives the viewer page in headless Chromium")
 @pytest.mark.timeout(600)
 def test_viewer_page_on_an_image_and_audio_agent_run(tmp_path, chromium):
     check_audio_run_page(train(tmp_path, AUDIO_RUN, "audio-run"), chromium, tmp_path)

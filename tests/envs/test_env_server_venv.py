@@ -100,7 +100,7 @@ def make_venv(tmp_path: Path) -> Path:
     return venv
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="makes a second venv with pip and trains against the env served from it")
 @pytest.mark.timeout(600)
 def test_env_from_a_second_venv_checks_plays_and_trains(tmp_path, monkeypatch, clean_registry):
     venv = make_venv(tmp_path)

@@ -49,7 +49,9 @@ from relax_gym.envs.rubric_env import with_rubric
 
 from ..registry_state import restored_registry
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.slow(reason="trains Qwen2.5-Omni-3B-wide stand-ins (151,936-token head) on the CPU"),
+              pytest.mark.timeout(900)]
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa.yaml"
 PROBE_ID = "test-real-width-probe"

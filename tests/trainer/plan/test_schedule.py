@@ -143,7 +143,7 @@ def test_pool_sizes_mirror_the_deployed_topology(mode):
     assert groups_in_flight(t) == max(1, min(t.concurrency, t.prompts_per_step * t.group_size) // t.group_size)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="replays the simulation in a fresh interpreter with another hash seed")
 def test_the_event_log_is_the_same_in_another_process_with_another_hash_seed():
     import os
     import subprocess
