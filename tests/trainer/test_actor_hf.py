@@ -36,7 +36,7 @@ def test_sft_steps_reduce_nll():
     rng = np.random.default_rng(0)
     batch = [demonstration(env, processor, s, rng) for s in range(16)]
     first = actor.sft_step(batch)["sft_nll"]
-    for _ in range(15):
+    for _ in range(3):  # measured: the NLL is at 0.67, 0.40, 0.25 of the first after 1, 2, 3 more steps
         last = actor.sft_step(batch)["sft_nll"]
     assert last < first * 0.7
 
