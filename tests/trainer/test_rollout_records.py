@@ -209,8 +209,8 @@ def test_the_env_worker_writes_records_of_the_episodes_it_plays(tmp_path):
     from relax_gym.trainer.databus import make_bus
     from relax_gym.trainer.policy import build_policy
     from relax_gym.trainer.rollout.samples import sample_id
-    from tests.trainer.roles.test_streaming_roles import G, config
-    from tests.trainer.roles.test_streaming_roles import ScriptedEngine as AnswerEngine
+    from tests.trainer.async_engine.roles.test_streaming_roles import G, config
+    from tests.trainer.async_engine.roles.test_streaming_roles import ScriptedEngine as AnswerEngine
 
     async def main():
         bus = make_bus("inprocess")

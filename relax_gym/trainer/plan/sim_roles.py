@@ -22,7 +22,7 @@ bus, and spend virtual time from the cost models (:mod:`.costs`) where the real 
   planner's histogram, not in the answer).
 
 Every simulated role answers the real role's contract (:mod:`~relax_gym.trainer.async_engine.contracts`): the same
-keys, so the controller reads a simulated run exactly as a real one (tests/trainer/roles/test_role_contracts.py).
+keys, so the controller reads a simulated run exactly as a real one (tests/trainer/async_engine/roles/test_role_contracts.py).
 
 The advantages role is not simulated: the schedule runs the real
 :class:`~relax_gym.trainer.async_engine.roles.advantages.AdvantagesRole` on the same bus (its compute is

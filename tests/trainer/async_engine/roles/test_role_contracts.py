@@ -28,7 +28,7 @@ from relax_gym.trainer.plan.costs import Costs, Dist
 from relax_gym.trainer.plan.sim_roles import EnginePool, EventLog, SimActor, SimEnvWorker, SimReference, SimWeights
 from relax_gym.trainer.rollout.samples import ROLLOUT_FIELDS, TRAIN_FIELDS, sample_id
 from relax_gym.trainer.policy import build_policy
-from tests.trainer.roles.test_streaming_roles import (  # noqa: F401 - demos: a fixture
+from tests.trainer.async_engine.roles.test_streaming_roles import (  # noqa: F401 - demos: a fixture
     G,
     ScriptedEngine,
     WeightSink,

@@ -42,10 +42,10 @@ from relax_gym.trainer.run.checkpoint import CRITIC_DIR
 from relax_gym.trainer.run.ppo import colocate_update, step_advantages
 from relax_gym.trainer.run.warmup import demonstration
 
-from ..test_recovery_units import Remote
+from ...test_recovery_units import Remote
 
 G, P = 2, 3
-RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "cpu-nextqa-ppo.yaml"
+RECIPE = Path(__file__).resolve().parents[4] / "recipes" / "cpu-nextqa-ppo.yaml"
 REWARDS = [[1.0, 0.0], [0.5, 0.25], [0.0, 1.0]]
 FAILED = (2, 1)  # one episode failed: masked
 LR = 0.5  # large, with plain SGD below: one step moves the weights well above round-off

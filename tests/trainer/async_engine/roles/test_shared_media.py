@@ -15,7 +15,7 @@ from relax_gym.trainer.databus import make_bus
 from relax_gym.trainer.policy import build_policy
 from relax_gym.trainer.rollout.media import is_media_ref
 from relax_gym.trainer.rollout.samples import sample_id
-from tests.trainer.roles.test_streaming_roles import (
+from tests.trainer.async_engine.roles.test_streaming_roles import (
     G,
     ScriptedEngine,
     WeightSink,

@@ -16,7 +16,7 @@ from relax_gym.omni import ImagePart, from_openai
 from relax_gym.omni.render import render
 from relax_gym.trainer.gateway.api import SessionRecorder
 
-from .conftest import training_logprobs
+from ..engines.conftest import training_logprobs
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROLES = Path(__file__).resolve().parents[3] / "relax_gym" / "trainer" / "async_engine" / "roles"
+ROLES = Path(__file__).resolve().parents[4] / "relax_gym" / "trainer" / "async_engine" / "roles"
 
 
 def imported_modules(path: Path) -> set[str]:
