@@ -1,5 +1,5 @@
 """recipes/cpu-openai-agent.yaml end to end: a black-box agent on the official openai client, inside a docker or
-bubblewrap sandbox with no network, trained for 3 steps in colocate and async modes.
+bubblewrap sandbox with no network, trained for 2 steps in colocate and async modes.
 
 Checked: the runs reach their last step with no masked episode; the warm-up played the gold replies through the
 real program; every sandbox showed only ``lo``; and (colocate, in process) every sequence the actor trained on is
@@ -23,9 +23,9 @@ from relax_gym.sandbox.docker import LABEL
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-openai-agent.yaml"
-P, G, STEPS = 2, 2, 3
+P, G, STEPS = 2, 2, 2
 TINY = [f"trainer.steps={STEPS}", "trainer.sft_warmup_steps=1", "trainer.sft_batch_size=2", f"trainer.prompts_per_step={P}",
-        f"trainer.group_size={G}", "trainer.eval_episodes=2", "trainer.eval_every=3", "inference.max_new_tokens=24",
+        f"trainer.group_size={G}", "trainer.eval_episodes=2", "trainer.eval_every=2", "inference.max_new_tokens=24",
         "metrics.tensorboard=false", "trainer.time_budget_s=null"]
 
 
