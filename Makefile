@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e '.[test]'
 	touch $@
 
+# Two workers (pytest-xdist): tests that share the Ray session, the sandbox engines or the real-width checkpoints
+# stay in one group each, run one after another (tests/conftest.py). `$(BIN)/python -m pytest` alone runs serially.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 play: $(STAMP)  # the gold policy answers; `.venv/bin/relax-gym envs play nextqa-video --policy stdin` to answer yourself
 	$(BIN)/relax-gym envs play nextqa-video --episodes 3 --policy gold
