@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from relax_gym.envs.samples import sample_root
 from relax_gym.trainer.tools import model_check
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +41,10 @@ def results(out: Path) -> dict[str, dict]:
 @pytest.mark.timeout(900)
 def test_dry_run_runs_every_check_on_cpu_and_passes(tmp_path, standin_3b):
     model_args = f"--layers 1 --standin {standin_3b} --freeze-vocab"
-    proc = run("--dry-run", "--out", str(tmp_path), timeout=840, env={"MODEL_CHECK_ARGS": model_args})
+    # the suite's sample cache: the checks' envs read the nextqa and avqa samples the suite has (or makes once),
+    # instead of generating them again in the script's default OUT/cache (~50 s of the run on a loaded machine)
+    cache = str(sample_root().parent)
+    proc = run("--dry-run", "--out", str(tmp_path), timeout=840, env={"MODEL_CHECK_ARGS": model_args, "RELAX_GYM_CACHE": cache})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = results(tmp_path)
     assert list(rows) == ["env", "install", "megatron", "megatron_group", "dcs", "models", "summary"]
