@@ -270,11 +270,12 @@ def run(quick: bool = False, *, base: str | None = None, base_steps: int = 700, 
     from relax_gym.trainer.config import load_recipe
 
     out = Path(out) if out is not None else (OUT / "quick" if quick else OUT)
+    prior_batch = 16
     if quick:
         data = ensure_data(out / "data", n_val=4, n_train=8)
         base_path = ensure_base(base, 2, seed, out / "base", ["model.base=null", "trainer.eval_episodes=4", "trainer.prompts_per_step=2",
                                                               "trainer.sft_warmup_steps=2"])
-        prior_steps = 2
+        prior_steps, prior_batch = 2, 2  # a gold episode of each arm per step (16 long ones cost ~40 s a step)
         sizes = ["trainer.steps=2", "trainer.prompts_per_step=2", "trainer.group_size=2", "trainer.eval_episodes=4",
                  "trainer.eval_every=2", "trainer.checkpoint_every=2"]
     else:
@@ -285,9 +286,9 @@ def run(quick: bool = False, *, base: str | None = None, base_steps: int = 700, 
               "metrics.tensorboard=false", *sizes, *overrides]
     configs = {name: load_recipe(RECIPE, [*common, *ARMS[name]]) for name in ARMS}
     prior = ensure_prior(base_path, {name: (c.env.id, dict(c.env.kwargs)) for name, c in configs.items()}, prior_steps,
-                         prior_seed, out / "prior")
+                         prior_seed, out / "prior", batch=prior_batch)
     arms = [run_arm(name, [f"model.path={prior}", "model.base=null", *common], out / f"{name.replace(' ', '-')}-seed{seed}{tag}") for name in ARMS]
-    return {"prior": {"path": str(prior), "base": str(base_path), "sft_steps": prior_steps},
+    return {"prior": {"path": str(prior), "base": str(base_path), "sft_steps": prior_steps, "sft_batch": prior_batch},
             "arms": arms, "settings": {"quick": quick, "seed": seed, "steps": steps, "common": common}}
 
 

@@ -44,6 +44,8 @@ def test_event_frames_and_watched_frames_on_real_clips(bench, tmp_path):
 def test_quick_run_goes_through_every_stage(bench, tmp_path):
     result = bench.run(quick=True, out=tmp_path)
     assert (tmp_path / "prior" / "policy" / "config.json").is_file()
+    spec = json.loads((tmp_path / "prior" / "prior.json").read_text())["spec"]
+    assert (spec["steps"], spec["batch"]) == (result["prior"]["sft_steps"], result["prior"]["sft_batch"]) == (2, 2)
     assert [a["arm"] for a in result["arms"]] == ["tools", "no tools"]
     for arm in result["arms"]:
         assert arm["steps"] == 2 and 0.0 <= arm["eval_reward_end"] <= 1.0 and arm["eval_episodes"] == 4
