@@ -20,13 +20,14 @@ REPO = Path(__file__).resolve().parents[1]
 # Tests that share a machine-wide resource run one after another on one worker when the suite runs in parallel
 # (`make test` uses pytest-xdist with --dist loadgroup): the Ray session and the sandbox engines (tests count the
 # containers and sandboxes alive, so two workers' sandboxes must not meet), and the real-width checkpoints (GBs each).
-_MACHINE_WORDS = ("docker", "bwrap", "ray_session", "trainer.mode=async", "trainer.mode={mode}")
+_MACHINE_WORDS = ("docker", "bwrap", "ray_session", "trainer.mode=async", "trainer.mode={mode}", "agent_program",
+                  "tool-use", "openai-agent", "episode_sandbox")  # the last four: envs that lease sandboxes
 _REAL_WIDTH_WORDS = ("standin_3b", "real_width", "write_standin", "qwen2.5-omni-3b")
 
 
 def serial_group(path: Path, fixtures: list[str], source: str) -> str | None:
     """The xdist group a test must run in, or None when it may run beside anything."""
-    if "integration" in path.parts or any(w in source for w in _MACHINE_WORDS):
+    if "integration" in path.parts or "sandbox" in path.parts or any(w in source for w in _MACHINE_WORDS):
         return "machine"
     if any(w in source for w in _REAL_WIDTH_WORDS):
         return "real-width"
