@@ -79,16 +79,34 @@ def _push_reaches_the_engine_bit_identical(group, expected_state: dict[str, torc
             assert client.weights_checksum(list(expected)) == expected, transport
 
 
+def _group(cfg: RelaxConfig, group_name: str | None = None):
+    """A rank group of ``cfg``'s layout holding the seed-0 weights (those of :func:`_one_process`)."""
+    seed_everything(cfg.trainer.seed)
+    model, processor = build_policy(cfg.model)
+    return build_actor(cfg, model, processor, group_name=group_name)
+
+
+DEAD_RANK_GROUP = "dead-rank-test"
+
+
+@pytest.fixture(scope="module")
+def dp2_group(ray_session):
+    """The data-parallel-2 group: its step is checked first, then one of its ranks is killed (one group start, ~12 s
+    on a loaded machine, serves both tests)."""
+    group = _group(_config(LAYOUTS["dp2"]), group_name=DEAD_RANK_GROUP)
+    yield group
+    group.close()
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_a_step_across_ranks_equals_the_one_process_step(ray_session, tmp_path, engine, layout):
+def test_a_step_across_ranks_equals_the_one_process_step(ray_session, tmp_path, engine, layout, request):
     cfg = _config(LAYOUTS[layout])
     one = _one_process(cfg)
     items = rl_batch(one.processor, per_env=2)  # 6 episodes, 3 groups; micro-batches of 4 and 2
     advantages = torch.tensor([1.0, -0.5, 0.75, -1.0, 0.25, -0.25])
     algo = preset("grpo")
-    seed_everything(cfg.trainer.seed)
-    model, processor = build_policy(cfg.model)
-    group = build_actor(cfg, model, processor)
+    shared = layout == "dp2"  # the dead-rank test kills a rank of this group afterwards; its fixture closes it
+    group = request.getfixturevalue("dp2_group") if shared else _group(cfg)
     try:
         assert [r["rank"] for r in group.layout] == [0, 1]
         start = group.state_dict()
@@ -121,25 +139,20 @@ def test_a_step_across_ranks_equals_the_one_process_step(ray_session, tmp_path, 
         finally:
             resumed.close()
     finally:
-        group.close()
+        if not shared:
+            group.close()
         one.close()
 
 
-def test_a_dead_rank_fails_the_whole_group_with_its_name(ray_session):
-    cfg = _config({"dp": 2})
-    seed_everything(cfg.trainer.seed)
-    model, processor = build_policy(cfg.model)
-    group = build_actor(cfg, model, processor, group_name="dead-rank-test")
-    try:
-        ray = ray_session
-        ray.kill(ray.get_actor(rank_actor_name("dead-rank-test", 1)), no_restart=True)
-        with pytest.raises(RankGroupError, match="actor rank 1 of 2"):
-            group.state_dict()  # rank 0 waits in a collective for rank 1: the group must not hang
-        with pytest.raises(RankGroupError, match="actor rank 1 of 2"):
-            group.set_lr(1e-4)  # failed for good
-        deadline = time.monotonic() + 30  # ray.kill is asynchronous: wait until the names are gone
-        while [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("dead-rank-test-rank")]:
-            assert time.monotonic() < deadline, "a rank of the failed group is still alive"
-            time.sleep(0.2)
-    finally:
-        group.close()
+def test_a_dead_rank_fails_the_whole_group_with_its_name(ray_session, dp2_group):
+    group, ray = dp2_group, ray_session
+    assert group.state_dict()  # alive and answering before the kill
+    ray.kill(ray.get_actor(rank_actor_name(DEAD_RANK_GROUP, 1)), no_restart=True)
+    with pytest.raises(RankGroupError, match="actor rank 1 of 2"):
+        group.state_dict()  # rank 0 waits in a collective for rank 1: the group must not hang
+    with pytest.raises(RankGroupError, match="actor rank 1 of 2"):
+        group.set_lr(1e-4)  # failed for good
+    deadline = time.monotonic() + 30  # ray.kill is asynchronous: wait until the names are gone
+    while [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(f"{DEAD_RANK_GROUP}-rank")]:
+        assert time.monotonic() < deadline, "a rank of the failed group is still alive"
+        time.sleep(0.2)
