@@ -40,6 +40,7 @@ def test_event_frames_and_watched_frames_on_real_clips(bench, tmp_path):
     assert len(whole) == 15 and bench.watched_frames("<answer>A</answer>", 8.0, 6.0) == set()
 
 
+@pytest.mark.slow(reason="trains a base, a prior and both arms of benchmarks/agent_learning.py at smoke size")
 @pytest.mark.timeout(300)
 def test_quick_run_goes_through_every_stage(bench, tmp_path):
     result = bench.run(quick=True, out=tmp_path)

@@ -23,6 +23,7 @@ def test_envs_list_and_show():
     assert '"format": "r1json"' in result.output
 
 
+@pytest.mark.slow(reason="checks every env; openai-agent alone plays ~20 episodes, each an agent program in a sandbox")
 def test_envs_check_all_exits_zero_and_names_each_env_before_its_check():
     import relax_gym
 

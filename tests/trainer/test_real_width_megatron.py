@@ -45,7 +45,8 @@ from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
 from .real_width import (DECODER_PREFIX, HEAD, decoder_layout, draw_state, meta_thinker, peak_rss_mib, same_bits,
                          thinker_config)
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900),
+              pytest.mark.slow(reason="moves real-width decoders (1.5 and 2.3 GB a rank) through three layouts in two processes")]
 
 WORLD = 2
 DENSE, MOE = "qwen2.5-omni-3b", "qwen3-omni-30b-a3b"
