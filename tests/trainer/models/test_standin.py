@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 
 import pytest
 import torch
 from safetensors import safe_open
 
 from relax_gym.trainer.models.published import PUBLISHED, published_config
-from relax_gym.trainer.models.standin import _plan_shards, _random_tensor, published_tensor_shapes, write_standin
+from relax_gym.trainer.models.standin import INIT_STD, _plan_shards, _random_tensor, published_tensor_shapes, write_standin
 
 PUBLISHED_FILES_Q25 = {
     "added_tokens.json", "chat_template.json", "config.json", "generation_config.json", "merges.txt",
@@ -151,6 +152,18 @@ def test_weights_are_a_function_of_seed_and_name():
     assert not torch.equal(a, _random_tensor("thinker.model.layers.0.mlp.gate_proj.weight", (64, 32), torch.bfloat16, 0))
     assert torch.equal(_random_tensor("x.norm.weight", (8,), torch.float32, 0), torch.ones(8))
     assert torch.equal(_random_tensor("x.proj.bias", (8,), torch.float32, 0), torch.zeros(8))
+
+
+def test_weights_drawn_slice_by_slice_are_those_of_one_draw_per_slice():
+    """A tensor over 16 M values is filled in slices of whole rows through one reused buffer: the values are those
+    of one ``randn`` per slice from the name's generator times the init std (the ragged last slice included), so
+    stand-ins written before and after that buffer came in hold the same bytes."""
+    shape = ((1 << 24) // 1024 + 3, 1024)  # a slice of 16,384 rows, then one of 3
+    gen = torch.Generator().manual_seed(zlib.crc32(b"0:w"))
+    expected = torch.cat([torch.randn((16_384, 1024), generator=gen) * INIT_STD,
+                          torch.randn((3, 1024), generator=gen) * INIT_STD]).to(torch.bfloat16)
+    got = _random_tensor("w", shape, torch.bfloat16, 0)
+    assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
 
 
 def test_shard_plan_keeps_order_and_fills_every_shard():
