@@ -286,3 +286,88 @@ def test_slow_marker_check_sees_a_bare_marker(tmp_path):
     (tmp_path / "test_x.py").write_text("import pytest\n\n@pytest.mark.slow\ndef test_a(): pass\n\n"
                                         "@pytest.mark.slow(reason='builds a model')\ndef test_b(): pass\n")
     assert slow_markers_without_reason(tmp_path) == ["test_x.py:3"]
+
+
+# tests/ mirrors relax_gym/: a test file lives in the folder of the package it tests. Checked from its imports: every
+# test folder is a package folder of relax_gym (but integration/ and fuzz/, which cut across packages); a file whose
+# relax_gym imports all lie inside one deeper package belongs in that package's folder; and a file in a package's
+# folder imports something from that package, or from the package root (the CLI and relax_gym.make reach anything).
+CROSS_CUTTING_TEST_FOLDERS = {"integration", "fuzz", "data"}
+MIRROR_EXCEPTIONS = {  # file -> why it sits where its imports do not say
+    "sandbox/test_injected_hang.py": "the sandboxes under the trainer's hang hook; uses the sandbox backends' fixtures",
+    "trainer/policy/test_processor.py": "the policy's processor, through tests/trainer/policy's fixtures",
+    "trainer/policy/test_encode_cache.py": "the policy's media cache, through tests/trainer/policy's fixtures",
+    "trainer/gateway/test_openai_continuation.py": "the gateway answering the official client, through its fixtures",
+}
+
+
+def _package_folders(pkg_root: Path) -> set[str]:
+    folders = {p.relative_to(pkg_root).as_posix() for p in pkg_root.rglob("*") if (p / "__init__.py").is_file()}
+    return folders | {""}
+
+
+def _imported_folders(path: Path, folders: set[str]) -> list[str]:
+    """The relax_gym package folder of every relax_gym module the file imports ('' for the package root)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("relax_gym"):
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.startswith("relax_gym")]
+        for name in names:
+            parts = name.split(".")[1:]
+            found.append(next("/".join(parts[:k]) for k in range(len(parts), -1, -1) if "/".join(parts[:k]) in folders))
+    return found
+
+
+def _inside(folder: str, parent: str) -> bool:
+    return parent == "" or folder == parent or folder.startswith(parent + "/")
+
+
+def mirror_problems(tests_root: Path, pkg_root: Path, exceptions: dict[str, str]) -> list[str]:
+    folders, problems = _package_folders(pkg_root), []
+    for path in sorted(tests_root.rglob("test_*.py")):
+        rel = path.relative_to(tests_root).as_posix()
+        here = path.parent.relative_to(tests_root).as_posix().replace(".", "")
+        if here.split("/")[0] in CROSS_CUTTING_TEST_FOLDERS or rel in exceptions:
+            continue
+        if here not in folders:
+            problems.append(f"{rel}: tests/{here} mirrors no package folder of relax_gym")
+            continue
+        imported = [f for f in _imported_folders(path, folders)]
+        if not imported or "" in imported:
+            continue
+        deepest = imported[0]
+        while not all(_inside(f, deepest) for f in imported):
+            deepest = deepest.rpartition("/")[0]
+        if deepest != here and _inside(deepest, here):
+            problems.append(f"{rel}: imports only relax_gym/{deepest}: move it to tests/{deepest}/")
+        elif not any(_inside(f, here) for f in imported):
+            problems.append(f"{rel}: imports nothing from relax_gym/{here}")
+    return problems
+
+
+def test_tests_mirror_the_package():
+    assert mirror_problems(PKG.parent / "tests", PKG, MIRROR_EXCEPTIONS) == []
+    stale = [f for f in MIRROR_EXCEPTIONS if not (PKG.parent / "tests" / f).is_file()]
+    assert not stale, f"exceptions naming no test file: {stale}"
+
+
+def test_mirror_check_sees_misplaced_tests(tmp_path):
+    pkg, tests = tmp_path / "relax_gym", tmp_path / "tests"
+    for folder in ("a", "a/b", "c"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    for folder in ("a", "zzz"):
+        (tests / folder).mkdir(parents=True)
+    (tests / "test_shallow.py").write_text("from relax_gym.a.b import x\n")
+    (tests / "a" / "test_elsewhere.py").write_text("from relax_gym.c import y\n")
+    (tests / "a" / "test_ok.py").write_text("from relax_gym.a.b import x\nfrom relax_gym.c import y\n")
+    (tests / "zzz" / "test_orphan.py").write_text("")
+    assert mirror_problems(tests, pkg, {}) == [
+        "a/test_elsewhere.py: imports nothing from relax_gym/a",
+        "test_shallow.py: imports only relax_gym/a/b: move it to tests/a/b/",
+        "zzz/test_orphan.py: tests/zzz mirrors no package folder of relax_gym",
+    ]

@@ -29,9 +29,9 @@ VIRTUAL_RUNNERS = {"run_on_virtual_clock", "run_virtual"}
 
 # (module, top-level name) -> why its sleep is not an ordering bet
 ALLOWED_SLEEPS: dict[tuple[str, str], str] = {
-    ("test_databus.py", "test_seal_releases_a_waiting_fetch_with_a_tail"):
+    ("trainer/databus/test_databus.py", "test_seal_releases_a_waiting_fetch_with_a_tail"):
         "lets the fetch start waiting before the rows come; it passes in either order (virtual time on the twin)",
-    ("test_databus.py", "test_unacked_lease_runs_out"):
+    ("trainer/databus/test_databus.py", "test_unacked_lease_runs_out"):
         "sleeps past a 0.4 s lease: load only lengthens it, so the lease has lapsed either way (virtual on the twin)",
     ("omni/test_decode_pool.py", "test_a_decode_under_way_is_shared_not_repeated"):
         "gives the reset thread time to reach the in-flight wait; in either order one decode serves both",

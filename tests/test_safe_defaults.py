@@ -2,7 +2,7 @@
 
 - Servers we start listen on loopback unless a caller asks otherwise: the embedded engine's HTTP server (its
   SGLang and OpenAI routes have no authentication), the DCS weight-update store and gloo pairs, TransferQueue's
-  sockets (see also ``tests/test_databus.py::test_tq_binds_loopback_with_one_storage_unit``), and Ray Serve runs
+  sockets (see also ``tests/trainer/databus/test_databus.py::test_tq_binds_loopback_with_one_storage_unit``), and Ray Serve runs
   with its HTTP proxy off.
 - Ray's token authentication is turned off only by the test suite and the benchmarks, never by the library.
 - A default sandbox has no network, runs as a non-root user with every capability dropped, and has a read-only

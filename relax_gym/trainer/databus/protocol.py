@@ -1,5 +1,5 @@
 """The data bus contract: the batch type, the errors and the :class:`DataBus` protocol both implementations
-(the in-process twin and the TransferQueue adapter) satisfy; the contract suite in tests/test_databus.py runs on both."""
+(the in-process twin and the TransferQueue adapter) satisfy; the contract suite in tests/trainer/databus/test_databus.py runs on both."""
 
 from __future__ import annotations
 

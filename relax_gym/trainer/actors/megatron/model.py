@@ -233,7 +233,7 @@ def load_hf_decoder(gpt: nn.Module, state: Mapping[str, torch.Tensor], text_conf
     """This rank's part of the text decoder and head, cut from ``state`` (a whole HF thinker state dict: every
     layer, every expert, the unpadded vocabulary), copied into ``gpt``. The one way HF weights enter a ``GPTModel``
     (:func:`to_megatron`, :func:`load_hf_state_dict`); on its own it lets the conversion be checked from state dicts
-    at real widths without building the HF thinker (tests/trainer/test_real_width_megatron.py)."""
+    at real widths without building the HF thinker (tests/trainer/actors/megatron/test_real_width_megatron.py)."""
     _load_decoder(gpt, local_decoder_state(_decoder_to_megatron(state, text_config), gpt))
 
 

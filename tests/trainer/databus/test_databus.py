@@ -29,7 +29,7 @@ from relax_gym.trainer.databus import (
     make_bus,
 )
 
-from .waiting import loop_clock, run_on_virtual_clock
+from ...waiting import loop_clock, run_on_virtual_clock
 
 pytestmark = pytest.mark.timeout(180)
 

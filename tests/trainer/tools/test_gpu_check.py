@@ -23,7 +23,7 @@ import pytest
 from relax_gym.envs.samples import sample_root
 from relax_gym.trainer.tools import model_check
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 
 

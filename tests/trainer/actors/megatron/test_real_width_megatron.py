@@ -42,7 +42,7 @@ import torch.multiprocessing as mp
 
 from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
 
-from .real_width import (DECODER_PREFIX, HEAD, decoder_layout, draw_state, meta_thinker, peak_rss_mib, same_bits,
+from ...real_width import (DECODER_PREFIX, HEAD, decoder_layout, draw_state, meta_thinker, peak_rss_mib, same_bits,
                          thinker_config)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900),
@@ -274,7 +274,7 @@ def test_expert_parallel_2_at_qwen3_omni_30b_a3b_widths(round_trips):
 def test_the_bit_comparison_sees_one_flipped_bit_and_signed_zeros():
     """What every check above rests on: one bit of one bf16 value, the sign of a zero, or the dtype, tells two
     tensors apart (``torch.equal`` on values would call -0.0 and 0.0 equal)."""
-    from .real_width import random_bits
+    from ...real_width import random_bits
 
     a = random_bits("x", (64, 32), seed=1)
     assert same_bits(a, random_bits("x", (64, 32), seed=1)) and not same_bits(a, random_bits("x", (64, 32), seed=2))
