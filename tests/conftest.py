@@ -18,19 +18,24 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # Tests that share a machine-wide resource run one after another on one worker when the suite runs in parallel
-# (`make test` uses pytest-xdist with --dist loadgroup): the Ray session and the sandbox engines (tests count the
-# containers and sandboxes alive, so two workers' sandboxes must not meet), and the real-width checkpoints (GBs each).
-_MACHINE_WORDS = ("docker", "bwrap", "ray_session", "trainer.mode=async", "trainer.mode={mode}", "agent_program",
-                  "tool-use", "openai-agent", "episode_sandbox")  # the last four: envs that lease sandboxes
+# (`make test` uses pytest-xdist with --dist loadgroup). Three groups, so that at most two of them overlap:
+# - "sandbox": the sandbox engines (tests count this machine's containers and sandboxes, so two workers' sandboxes
+#   must not meet), the OpenAI-agent training included (its async run starts a Ray session of its own there);
+# - "real-width": real-width checkpoints (GBs each: two at once do not fit beside the rest);
+# - "ray": the shared Ray session, async (Ray Serve) training, multi-rank Megatron groups.
+_SANDBOX_WORDS = ("docker", "bwrap", "agent_program", "tool-use", "openai-agent", "episode_sandbox")
 _REAL_WIDTH_WORDS = ("standin_3b", "real_width", "write_standin", "qwen2.5-omni-3b")
+_RAY_WORDS = ("ray_session", "trainer.mode=async", "trainer.mode={mode}", "megatron_check")
 
 
-def serial_group(path: Path, fixtures: list[str], source: str) -> str | None:
-    """The xdist group a test must run in, or None when it may run beside anything."""
-    if "integration" in path.parts or "sandbox" in path.parts or any(w in source for w in _MACHINE_WORDS):
-        return "machine"
+def serial_group(path: Path, source: str) -> str | None:
+    """The xdist group a test file must run in, or None when its tests may run beside anything."""
+    if "sandbox" in path.parts or any(w in source for w in _SANDBOX_WORDS):
+        return "sandbox"
     if any(w in source for w in _REAL_WIDTH_WORDS):
         return "real-width"
+    if "integration" in path.parts or any(w in source for w in _RAY_WORDS):
+        return "ray"
     return None
 
 
@@ -40,7 +45,7 @@ def pytest_collection_modifyitems(config, items):
         path = Path(item.fspath)
         if path not in sources:
             sources[path] = path.read_text(encoding="utf-8")
-        group = serial_group(path, list(getattr(item, "fixturenames", ())), sources[path])
+        group = serial_group(path, sources[path])
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
 

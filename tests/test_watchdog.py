@@ -1,6 +1,7 @@
 """The parent-death watchdog (relax_gym/watchdog.py) with stand-in children: a parent process starts ``sleep``
 children, guards them, and is then SIGKILLed (or exits); every child, and the members of a guarded process group,
-must be gone within 2 s. A child guarded from a thread that has ended lives on while its parent lives (the
+must then be gone (the watchdog polls every 0.25 s, so on a quiet machine within 2 s; the test waits for the state,
+under a generous outer limit, and bets nothing on the machine's speed). A child guarded from a thread that has ended lives on while its parent lives (the
 ``PR_SET_PDEATHSIG`` pitfall the watchdog avoids)."""
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ PARENT = textwrap.dedent("""
 """)
 
 
+OUTER_LIMIT_S = 60.0  # an outer limit for a state to be reached, not a speed claim
+
+
 def _alive(pid: int) -> bool:
     """True for a running process; False when gone or a zombie (dead, waiting for whoever reaps orphans)."""
     try:
@@ -77,7 +81,7 @@ def _kill_leftovers(pids: list[int]) -> None:
 
 
 @pytest.mark.parametrize("mode", ["sigkill", "exit"])
-def test_children_die_within_2s_of_their_parent(mode):
+def test_children_die_after_their_parent(mode):
     parent, info = _start_parent(mode)
     pids = info["children"] + info["group"]
     try:
@@ -86,8 +90,8 @@ def test_children_die_within_2s_of_their_parent(mode):
         if mode == "sigkill":
             parent.kill()
         parent.wait(10)
-        assert _wait_gone(pids, within_s=2.0) == []
-        assert _wait_gone([info["watchdog"]], within_s=2.0) == []  # the watchdog leaves too
+        assert _wait_gone(pids, within_s=OUTER_LIMIT_S) == []
+        assert _wait_gone([info["watchdog"]], within_s=OUTER_LIMIT_S) == []  # the watchdog leaves too
     finally:
         _kill_leftovers(pids)
         if parent.poll() is None:
@@ -105,7 +109,7 @@ def test_a_child_guarded_from_an_ended_thread_lives_while_its_parent_lives():
     finally:
         parent.kill()
         parent.wait()
-        assert _wait_gone(pids, within_s=2.0) == []
+        assert _wait_gone(pids, within_s=OUTER_LIMIT_S) == []
         _kill_leftovers(pids)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import site
 import subprocess
 import sys
@@ -105,8 +106,9 @@ def make_venv(tmp_path: Path) -> Path:
 def test_env_from_a_second_venv_checks_plays_and_trains(tmp_path, monkeypatch, clean_registry):
     venv = make_venv(tmp_path)
     assert importlib.util.find_spec("relaxgym_probe_pkg") is None, "the main venv must not have the probe package"
+    alone = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the venv by itself, as a user's would be
     probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import relax_gym.envs"], check=False, capture_output=True,
-                           text=True, cwd=tmp_path)
+                           text=True, cwd=tmp_path, env=alone)
     assert probe.returncode != 0, "the second venv finds relax_gym only through the launcher's fallback"
     envs = tmp_path / "envs"
     write_manifest(envs / "probe-served", """

@@ -8,10 +8,10 @@ tests/trainer/plan/test_controller_replay.py; what only a real run shows is here
 - Level 2: rank 1 of the tensor-parallel-2 Megatron actor is killed when step 4 starts (checkpoints every 2 steps).
   The rank group fails as a whole and the controller restarts the topology from the step-2 checkpoint (written by
   both ranks with dist_checkpointing, read back by a new group): steps 3 and 4 are trained again from the same data
-  cursor, every metrics row appears once, versions continue as in an
-  uninterrupted run. Then ``relax-gym train --resume`` extends the finished run by one step from its last checkpoint.
+  cursor, every metrics row appears once, versions continue as in an uninterrupted run.
 - Carried stragglers (``trainer.stragglers=carry``, staleness 1) keep their places across a global restart of the
-  HF actor and a resume (a run of its own: at staleness 1 the kill of step 4 races step 2's checkpoint, so only
+  HF actor, and ``relax-gym train --resume`` extends the finished run by one step from its last checkpoint (a run
+  of its own: at staleness 1 the kill of step 4 races step 2's checkpoint, so only
   "one restart, nothing lost" is fixed there).
 
 """
@@ -46,7 +46,7 @@ def step_rows(run_dir: Path) -> list[dict]:
     return [r for r in rows if r["step"] >= 1]
 
 
-def test_killed_replicas_and_a_dead_actor_rank_lose_nothing_and_resume_extends_the_run(ray_session, tmp_path):
+def test_killed_replicas_and_a_dead_actor_rank_lose_nothing(ray_session, tmp_path):
     steps, run_dir = 4, tmp_path / "run"
     kills = ("[{kind: kill, role: env_worker, at_step: 1}, {kind: kill, role: inference, at_step: 2}, "
              "{kind: kill, role: actor, rank: 1, at_step: 4}]")
@@ -78,15 +78,6 @@ def test_killed_replicas_and_a_dead_actor_rank_lose_nothing_and_resume_extends_t
     assert sorted(state["extra"]["consumed"]) == sorted(f"s{s:06d}-g{g:04d}-{m:02d}" for s in (1, 2)
                                                         for g in range(P) for m in range(G))
 
-    # by hand: one more step from the step-4 checkpoint (the kills already fired: they are not fired again)
-    train(["--resume", str(run_dir), f"trainer.steps={steps + 1}"])
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == steps + 1 and summary["restarts_level2"] == 0
-    assert summary["samples_consumed"] == (steps + 1) * P * G
-    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
-    rows = step_rows(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
-    assert rows[-1]["policy_version"] == 6
 
 
 def test_carried_stragglers_survive_a_global_restart_and_a_resume(ray_session, tmp_path):
@@ -109,7 +100,10 @@ def test_carried_stragglers_survive_a_global_restart_and_a_resume(ray_session, t
     assert carry["cursor"] >= 2 * P and sorted(carry["placed"]) == sorted(state["extra"]["consumed"])
     assert set(carry["placed"].values()) == {0, 1}
 
+    # by hand: one more step from the step-4 checkpoint (the kill at step 4 already fired: it is not fired again)
     train(["--resume", str(run_dir), f"trainer.steps={steps + 1}"])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == steps + 1 and summary["samples_consumed"] == (steps + 1) * P * G
-    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
+    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0 and summary["restarts_level2"] == 0
+    rows = step_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and rows[-1]["policy_version"] == 6
