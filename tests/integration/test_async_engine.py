@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 
 from relax_gym.cli import app
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(reason="a real Ray Serve training run on the TransferQueue bus"),
+              pytest.mark.timeout(600)]
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa.yaml"
 P, G, STEPS = 2, 2, 3

@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from relax_gym.cli import app
 from relax_gym.trainer.rewards.judge_model import JudgeSpec, ensure_judge
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(reason="trains against a judge model in both modes, one on real Ray Serve with a genrm kill"),
+              pytest.mark.timeout(600)]
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa-describe.yaml"
 P, G, STEPS = 2, 2, 3

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from relax_gym.cli import app
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(reason="four short training runs, two of them on real Ray Serve"),
+              pytest.mark.timeout(900)]
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa.yaml"
 TINY = ["model.base=null", "trainer.steps=3", "trainer.sft_warmup_steps=1", "trainer.sft_batch_size=2", "trainer.prompts_per_step=2",

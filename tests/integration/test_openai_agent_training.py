@@ -20,7 +20,8 @@ from relax_gym.sandbox import sync
 from relax_gym.sandbox.backends import get_backend
 from relax_gym.sandbox.docker import LABEL
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(reason="trains a sandboxed OpenAI-client agent in both modes (Docker, bubblewrap, Ray Serve)"),
+              pytest.mark.timeout(900)]
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-openai-agent.yaml"
 P, G, STEPS = 2, 2, 2

@@ -27,7 +27,8 @@ from typer.testing import CliRunner
 
 from relax_gym.cli import app
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(reason="real Ray Serve training runs with killed replicas, a global restart and a resume"),
+              pytest.mark.timeout(600)]
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa.yaml"
 P, G = 2, 2
