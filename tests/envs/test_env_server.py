@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import gymnasium
 import numpy as np
@@ -44,17 +44,8 @@ from relax_gym.envs.remote.wire import (
 )
 from relax_gym.omni import ImagePart, Message, TextPart, VideoPart
 
+from ..waiting import wait_until
 from .test_registry import write_manifest
-
-
-def wait_until(condition: Callable[[], bool], limit_s: float = 30.0) -> bool:
-    """Wait for a state another thread reaches (not for time to pass): True once ``condition()`` holds."""
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 class Fragile(AgentEnv):
