@@ -125,7 +125,7 @@ class ContinuousBatch:
                                                  use_cache=True)
                 self.engine._count("shared_prefill_rows", plan.saved_rows)
         new = [_Row(p, version, position=len(p.input_ids), delta=d) for p, d in zip(pending, deltas)]
-        keep = self._sample(new, last)
+        keep = self._answer_ended(new, self._sample(new, last))
         if not keep:
             return
         index = torch.tensor(keep, dtype=torch.long, device=device)
@@ -146,11 +146,11 @@ class ContinuousBatch:
         self.cache = _cache_of(out)
         for r in self.rows:
             r.position += 1
-        keep = self._sample(self.rows, out.logits[:, -1, :])
-        if len(keep) < len(self.rows):
-            if self.prefix is not None:
-                kept = set(keep)
-                self._stash([i for i in range(len(self.rows)) if i not in kept])
+        keep, ended = self._sample(self.rows, out.logits[:, -1, :])
+        if ended:
+            if self.prefix is not None:  # stored before the answers go out: a next turn sent at once finds it
+                self._stash([i for i, _ in ended])
+            self._answer_ended(self.rows, (keep, ended))
             self._select(keep)
 
     def abort(self, message_reason: FinishReason) -> None:
@@ -179,7 +179,7 @@ class ContinuousBatch:
         self.engine._count("prefix_cache_hits", 1)
         self.engine._count("prefix_cached_tokens", n)
         row = _Row(p, version, position=total, delta=entry.delta)
-        if self._sample([row], last):
+        if self._answer_ended([row], self._sample([row], last)):
             self._join([row], cache, mask)
 
     def _stash(self, ended: list[int]) -> None:
@@ -219,9 +219,9 @@ class ContinuousBatch:
         pos = torch.tensor([p + d for p, d in zip(positions, deltas)], dtype=torch.long, device=self.engine._device).view(-1, 1)
         return pos.unsqueeze(0).expand(3, -1, -1) if self.mrope else pos
 
-    def _sample(self, rows: list[_Row], logits: torch.Tensor) -> list[int]:
-        """Sample one token for each of ``rows`` (row i's logits: ``logits[i]``); answer the rows that end. Returns
-        the indices of the rows that go on."""
+    def _sample(self, rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[tuple[int, FinishReason]]]:
+        """Sample one token for each of ``rows`` (row i's logits: ``logits[i]``). Returns the indices of the rows
+        that go on and ``(index, reason)`` of those that ended (not answered yet: see :meth:`_answer_ended`)."""
         scores = logits.float()
         control = self.engine._control
         if control.numel():
@@ -252,7 +252,8 @@ class ContinuousBatch:
                 if n:
                     top_v, top_i = logp[j].topk(min(n, logp.shape[-1]))
                     tops[i] = list(zip(top_v.tolist(), top_i.tolist()))
-        keep = []
+        keep: list[int] = []
+        ended: list[tuple[int, FinishReason]] = []
         for i, r in enumerate(rows):
             token = chosen[i]
             r.ids.append(token)
@@ -266,7 +267,14 @@ class ContinuousBatch:
             if reason is None:
                 keep.append(i)
             else:
-                self._answer(r, reason)
+                ended.append((i, reason))
+        return keep, ended
+
+    def _answer_ended(self, rows: list[_Row], sampled: tuple[list[int], list[tuple[int, FinishReason]]]) -> list[int]:
+        """Answer the rows of ``rows`` that :meth:`_sample` found ended; the indices of those that go on."""
+        keep, ended = sampled
+        for i, reason in ended:
+            self._answer(rows[i], reason)
         return keep
 
     def _answer(self, r: _Row, reason: FinishReason) -> None:

@@ -71,6 +71,24 @@ def test_flush_and_a_new_weight_version_empty_it(engines):
     assert len(cached._batch.prefix) == 0
 
 
+def test_an_ended_rows_kv_is_stored_before_its_answer_goes_out(engines, monkeypatch):
+    """A client that sends its next turn the moment it has the answer must find the cache filled: the engine thread
+    stores the row's KV, then answers (not the other way round)."""
+    cached, _ = engines
+    cached.flush_cache()
+    seen = []
+    resolve = cached._resolve
+
+    def watching(p, *args, **kwargs):
+        seen.append(len(cached._batch.prefix))  # on the engine thread, as the answer is handed over
+        return resolve(p, *args, **kwargs)
+
+    monkeypatch.setattr(cached, "_resolve", watching)
+    ids = cached.processor.encode_text("answer after storing")
+    cached.generate({"input_ids": ids, "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}})
+    assert seen == [1]
+
+
 def _entry(ids, version="1", mm=None, n_layers=2):
     kv = torch.zeros(1, 2, len(ids), 4)
     return PrefixEntry(tuple(ids), tuple((kv, kv) for _ in range(n_layers)), 0, mm or {}, version)
