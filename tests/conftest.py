@@ -17,37 +17,14 @@ REPO = Path(__file__).resolve().parents[1]
 # $RELAX_GYM_CACHE, else ~/.cache/relax-gym. The suite does not choose its own; .ci/run sets RELAX_GYM_CACHE.
 
 
-# Tests that share a machine-wide resource run one after another on one worker when the suite runs in parallel
-# (`make test` uses pytest-xdist with --dist loadgroup). Three groups, so that at most two of them overlap:
-# - "sandbox": the sandbox engines (tests count this machine's containers and sandboxes, so two workers' sandboxes
-#   must not meet), the OpenAI-agent training included (its async run starts a Ray session of its own there);
-# - "real-width": real-width checkpoints (GBs each: two at once do not fit beside the rest);
-# - "ray": the shared Ray session, async (Ray Serve) training, multi-rank Megatron groups.
-_SANDBOX_WORDS = ("docker", "bwrap", "agent_program", "tool-use", "openai-agent", "episode_sandbox")
-_REAL_WIDTH_WORDS = ("standin_3b", "real_width", "write_standin", "qwen2.5-omni-3b")
-_RAY_WORDS = ("ray_session", "trainer.mode=async", "trainer.mode={mode}", "megatron_check")
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent when pytest runs without xdist
+def pytest_xdist_make_scheduler(config, log):
+    """Tests that share a machine-wide resource run one after another on one worker (tests/xdist_groups.py)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.xdist_groups import make_scheduler
 
-
-def serial_group(path: Path, source: str) -> str | None:
-    """The xdist group a test file must run in, or None when its tests may run beside anything."""
-    if "sandbox" in path.parts or any(w in source for w in _SANDBOX_WORDS):
-        return "sandbox"
-    if any(w in source for w in _REAL_WIDTH_WORDS):
-        return "real-width"
-    if "integration" in path.parts or any(w in source for w in _RAY_WORDS):
-        return "ray"
-    return None
-
-
-def pytest_collection_modifyitems(config, items):
-    sources: dict[Path, str] = {}
-    for item in items:
-        path = Path(item.fspath)
-        if path not in sources:
-            sources[path] = path.read_text(encoding="utf-8")
-        group = serial_group(path, sources[path])
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+    return make_scheduler(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -9,7 +9,7 @@ a critic replica killed when step 4 starts (its training state is gone) restarts
 checkpoint, whose ``critic/`` the new critic loads; the run still ends at its last step with every sample consumed.
 (S = 0: step 4's rollout starts only after step 3 was trained, so after checkpoint 2 was written; the run has a fifth
 step, so the kill cannot come after its end. Staleness bounds at S > 0 are checked on the virtual clock in
-tests/trainer/plan/test_schedule.py and for real in tests/integration/test_async_engine.py.)
+tests/trainer/plan/test_schedule.py and for real at S = 1 in tests/integration/test_recovery.py.)
 """
 
 from __future__ import annotations
