@@ -38,8 +38,9 @@ def _ensure_ray() -> bool:
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
-             configure_logging=False, namespace="relax-gym-bench")
+    from relax_gym.trainer.cluster.local_ray import start_local_ray
+    start_local_ray(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
+                    configure_logging=False, namespace="relax-gym-bench")
     return True
 
 

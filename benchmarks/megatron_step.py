@@ -129,8 +129,9 @@ def run_ranks(quick: bool = False, *, steps: int | None = None, cycles: int | No
     started = False
     if not ray.is_initialized():
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 namespace="relax-gym-bench")
+        from relax_gym.trainer.cluster.local_ray import start_local_ray
+        start_local_ray(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                        namespace="relax-gym-bench")
         started = True
     try:
         seed_everything(0)

@@ -86,8 +86,9 @@ def ray_session():
     os.environ.setdefault("TQ_NUM_THREADS", "2")
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 namespace="relax-gym-tests")
+        from relax_gym.trainer.cluster.local_ray import start_local_ray
+        start_local_ray(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                        namespace="relax-gym-tests")
     yield ray
     try:
         from ray import serve

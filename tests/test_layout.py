@@ -28,11 +28,12 @@ FORBIDDEN = {
 # algorithms <- policy <- {engines, actors} <- {rollout, dcs, base} <- config <- rewards <- run <- {colocate, async_engine} <- train.
 # Only async_engine uses the data bus (plan reaches it only through async_engine, whose controller it runs on a
 # virtual clock); nothing imports tools (python -m entry points).
-LOW = {"algorithms", "faults", "databus"}
+LOW = {"algorithms", "faults", "databus", "cluster"}
 ALLOWED: dict[str, set[str]] = {
     "algorithms": set(),
     "faults": set(),
     "databus": set(),
+    "cluster": set(),  # bringing up Ray (a local instance that survives a busy machine)
     "policy": {"algorithms"},
     # published checkpoints: their files as data, stand-ins written in code, the directory check, sizes per rank
     # (by the megatron backend's own sharding rules: actors/megatron/shard.py)
@@ -40,7 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     "engines": {"policy", "algorithms"},  # inference only
     # the agents' OpenAI endpoint over an engine (its protocol, HTTP server, errors); the engines never import it
     "gateway": {"policy", "algorithms", "engines"},
-    "actors": {"policy", "algorithms"},
+    "actors": {"policy", "algorithms", "cluster"},
     # the episode runner speaks the engine's protocol; an agent program's episode records through a gateway
     "rollout": {"policy", "algorithms", "engines", "gateway"},
     "dcs": {"policy", "algorithms", "actors"},  # never engines: engines get their receiving end injected
@@ -52,10 +53,10 @@ ALLOWED: dict[str, set[str]] = {
     "run": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "base", "rewards"},
     "colocate": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "base", "rewards"},
     "async_engine": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "databus",
-                     "base", "rewards"},
+                     "base", "rewards", "cluster"},
     "train": {"config", "colocate", "async_engine", "base"},
     "tools": {"algorithms", "faults", "policy", "engines", "actors", "rollout", "dcs", "config", "run", "colocate", "base",
-              "async_engine", "databus", "rewards", "models"},
+              "async_engine", "databus", "rewards", "models", "cluster"},
     # the planner (relax-gym plan): the async controller, its scheduling pieces and the in-process bus on a virtual clock
     "plan": {"async_engine", "config", "rollout"},
 }

@@ -29,7 +29,7 @@ def serial_group(path: Path, source: str) -> str | None:
         return "sandbox"
     if any(w in source for w in REAL_WIDTH_WORDS):
         return "real-width"
-    if "integration" in path.parts or any(w in source for w in RAY_WORDS):
+    if any(w in source for w in RAY_WORDS):
         return "ray"
     return None
 

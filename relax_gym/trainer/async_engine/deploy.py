@@ -19,6 +19,7 @@ from typing import Any
 
 from relax_gym.trainer.async_engine.carry import CarrySlots
 from relax_gym.trainer.async_engine.recovery import ReplicaRegistry, Supervisor
+from relax_gym.trainer.cluster.local_ray import start_local_ray
 from relax_gym.trainer.config import RelaxConfig, RoleSection
 from relax_gym.trainer.databus.link import BusHost, BusLink
 
@@ -113,8 +114,8 @@ def ensure_ray(cfg: RelaxConfig) -> bool:
     p = cfg.actor.parallel
     if cfg.actor.backend == "megatron" and (p.world > 1 or p.launcher == "ray"):
         reserved += p.world * p.num_cpus_per_rank  # the actor's rank group
-    ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(reserved) + 4), include_dashboard=False,
-             log_to_driver=False, configure_logging=False, namespace="relax-gym")
+    start_local_ray(num_cpus=max(os.cpu_count() or 1, math.ceil(reserved) + 4), include_dashboard=False,
+                    log_to_driver=False, configure_logging=False, namespace="relax-gym")
     return True
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from relax_gym.trainer.actors.megatron.runtime import ParallelSizes
+from relax_gym.trainer.cluster.local_ray import start_local_ray
 from relax_gym.trainer.policy import PolicyConfig
 
 __all__ = ["RankGroup", "RankGroupError", "RankSpec", "RankWorker", "rank_actor_name"]
@@ -142,8 +143,8 @@ class RankGroup:
         self._error: str | None = None
         self._started_ray = False
         if not ray.is_initialized():  # colocate mode: a local Ray for the ranks (Ray's own auth defaults)
-            ray.init(num_cpus=max(os.cpu_count() or 1, int(self.world * spec.num_cpus_per_rank) + 1),
-                     include_dashboard=False, log_to_driver=False, configure_logging=False, namespace="relax-gym")
+            start_local_ray(num_cpus=max(os.cpu_count() or 1, int(self.world * spec.num_cpus_per_rank) + 1),
+                            include_dashboard=False, log_to_driver=False, configure_logging=False, namespace="relax-gym")
             self._started_ray = True
         self.name = name or f"relax-actor-{os.getpid()}-{id(self):x}"
         bundle = {"CPU": spec.num_cpus_per_rank, **({"GPU": spec.num_gpus_per_rank} if spec.num_gpus_per_rank else {})}

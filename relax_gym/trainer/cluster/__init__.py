@@ -1,0 +1,1 @@
+"""Bringing up Ray for the trainer's parts that run on it (roles, rank groups, benches)."""
