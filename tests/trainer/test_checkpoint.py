@@ -163,13 +163,24 @@ def test_resume_point_needs_a_run_directory_and_rewinds_to_its_checkpoint(tmp_pa
     with pytest.raises(CheckpointError, match="no config.json"):
         resume_point(tmp_path, TrainerSection())
     (tmp_path / "config.json").write_text("{}")
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(-1, 5)))
+    records = tmp_path / "rollouts"
+    records.mkdir()
+
+    def write_run(steps: range) -> None:
+        (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in steps))
+        for s in steps:
+            if s >= 0:
+                (records / f"step_{s:06d}.jsonl").write_text(json.dumps({"kind": "eval" if s == 0 else "train"}) + "\n")
+
+    write_run(range(-1, 5))
     assert resume_point(tmp_path, TrainerSection()).path is None  # nothing saved: start over, every row dropped
-    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    assert (tmp_path / "metrics.jsonl").read_text() == "" and not list(records.iterdir())  # and every record
     save_checkpoint(tmp_path, TinyActor(), TrainerState(3, 4, data_cursor(TrainerSection(), 3), capture_rng()))
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(-1, 5)))
+    write_run(range(-1, 5))
     point = resume_point(tmp_path, TrainerSection())
     assert point.step == 3 and point.state.version == 4
     assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [-1, 0, 1, 2, 3]
+    # the replayed step's records go with its row: step 4 is written anew
+    assert sorted(p.name for p in records.iterdir()) == [f"step_{s:06d}.jsonl" for s in range(4)]
     with pytest.raises(CheckpointError, match="trainer.seed=0, but the config says 9"):
         resume_point(tmp_path, TrainerSection(seed=9))

@@ -36,6 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from relax_gym.trainer.run.rollout_records import rewind_rollouts
 from relax_gym.trainer.run.seeds import step_seed_base
 
 __all__ = [
@@ -295,7 +296,8 @@ class ResumePoint:
 
 def resume_point(run_dir: Path, trainer: Any) -> ResumePoint:
     """The latest checkpoint of ``run_dir`` (its data cursor checked against ``trainer``, the config's trainer
-    section), with ``metrics.jsonl`` rewound to its step (every row when there is no checkpoint)."""
+    section), with ``metrics.jsonl`` and the rollout records rewound to its step (every row and record when there
+    is no checkpoint)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise CheckpointError(f"{run_dir}: no config.json, so not a relax-gym run directory to resume")
@@ -304,6 +306,7 @@ def resume_point(run_dir: Path, trainer: Any) -> ResumePoint:
     if state is not None:
         check_cursor(state.cursor, trainer, path)
     rewind_metrics(run_dir, state.step if state is not None else None)
+    rewind_rollouts(run_dir, state.step if state is not None else None)
     return ResumePoint(path, state)
 
 

@@ -38,7 +38,8 @@ import numpy as np
 from relax_gym.omni.parts import Message, TextPart
 from relax_gym.omni.tool_calls import BadToolCall, find_tool_calls
 
-__all__ = ["RECORD_SCHEMA", "MediaStore", "RolloutRecorder", "episode_record", "message_record", "step_file"]
+__all__ = ["RECORD_SCHEMA", "MediaStore", "RolloutRecorder", "episode_record", "message_record", "rewind_rollouts",
+           "step_file"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,24 @@ ENTRIES_KEPT = 10_000  # record entries of stored media remembered per process (
 
 def step_file(run_dir: str | os.PathLike, step: int) -> Path:
     return Path(run_dir) / ROLLOUTS_DIR / f"step_{step:06d}.jsonl"
+
+
+def rewind_rollouts(run_dir: str | os.PathLike, step: int | None) -> int:
+    """Remove the record files of the steps after ``step`` (``step`` None: every file, for a run that starts over),
+    as :func:`~relax_gym.trainer.run.checkpoint.rewind_metrics` drops their rows: a resumed or restarted run plays
+    those steps again and writes them anew. Their media stay (other records may link them). Returns how many files
+    went."""
+    folder = Path(run_dir) / ROLLOUTS_DIR
+    removed = 0
+    for path in sorted(folder.glob("step_*.jsonl")) if folder.is_dir() else []:
+        try:
+            file_step = int(path.stem.removeprefix("step_"))
+        except ValueError:
+            continue
+        if step is None or file_step > step:
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 def _train_lines(path: Path) -> int:
