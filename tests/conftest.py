@@ -17,6 +17,20 @@ REPO = Path(__file__).resolve().parents[1]
 # $RELAX_GYM_CACHE, else ~/.cache/relax-gym. The suite does not choose its own; .ci/run sets RELAX_GYM_CACHE.
 
 
+# pytest-timeout's limits (the `timeout` markers, and the ini default of pyproject.toml) guard against hangs; they are
+# not speed bounds. A busy 2-core machine (two busy loops beside the suite: scripts/test_under_load.sh) runs a test
+# several times slower than a quiet one, so every marker's limit is stretched by this factor here, in one place.
+TIMEOUT_STRETCH = 3
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        if marker is not None and marker.args and isinstance(marker.args[0], (int, float)):
+            item.add_marker(pytest.mark.timeout(marker.args[0] * TIMEOUT_STRETCH, *marker.args[1:], **marker.kwargs),
+                            append=False)
+
+
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: absent when pytest runs without xdist
 def pytest_xdist_make_scheduler(config, log):
     """Tests that share a machine-wide resource run one after another on one worker (tests/xdist_groups.py)."""

@@ -198,3 +198,12 @@ def test_the_sleep_scan_sees_fixed_sleeps(source, expected):
 ])
 def test_the_bound_scan_sees_elapsed_time_upper_bounds(source, expected):
     assert elapsed_bounds(source) == expected
+
+
+@pytest.mark.timeout(40)
+def test_a_timeout_marker_is_a_stretched_hang_guard(request):
+    from tests.conftest import TIMEOUT_STRETCH
+
+    assert TIMEOUT_STRETCH >= 3  # two busy loops on a 2-core machine slow a test about threefold
+    assert request.node.get_closest_marker("timeout").args == (40 * TIMEOUT_STRETCH,)
+    assert request.config.getini("timeout") == "900"  # the default for tests without a marker, stretched alike
