@@ -51,9 +51,15 @@ class GroupOf:
         return f"group:{group}" if group else nodeid
 
 
+# the groups' order of start, longest first (quiet 2-core machine: the Ray Serve trainings and Megatron rank groups
+# ~12 min, the sandbox tests ~8, the real-width checkpoints ~5), so that none starts late and ends the run alone
+FIRST = ("group:ray", "group:sandbox", "group:real-width")
+
+
 def make_scheduler(config, log):
     """xdist's load-by-scope scheduling with our groups as the scopes: a group goes to one worker as one unit
-    (largest units first, xdist's default order), every other test is a unit of its own."""
+    (the groups first, in the order of FIRST), every other test is a unit of its own (largest first after them,
+    xdist's default order), handed to whichever worker runs low."""
     from xdist.scheduler import LoadScopeScheduling
 
     group_of = GroupOf(Path(config.rootpath))
@@ -61,5 +67,12 @@ def make_scheduler(config, log):
     class GroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            for scope in FIRST:
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)
+                    break
+            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
