@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 # Two workers (pytest-xdist): tests that share the Ray session, the sandbox engines or the real-width checkpoints
-# stay in one group each, run one after another (tests/conftest.py). `$(BIN)/python -m pytest` alone runs serially.
+# stay in one group each, run one after another (tests/xdist_groups.py). `$(BIN)/python -m pytest` alone runs serially.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
