@@ -10,8 +10,6 @@ import sys
 import textwrap
 import threading
 
-import pytest
-
 from relax_gym.sandbox import exit_order
 
 LEFT_OPEN = textwrap.dedent("""
@@ -25,7 +23,6 @@ LEFT_OPEN = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow(reason="with Docker the exit waits ~3 min for the agent program's in-flight model call to give up")
 def test_exiting_with_sandboxes_in_use_leaves_stderr_clean(backend):
     done = subprocess.run([sys.executable, "-X", "dev", "-c", LEFT_OPEN], capture_output=True, text=True, timeout=300,
                           env={**_env(), "RELAX_GYM_SANDBOX": backend.name})
