@@ -55,6 +55,18 @@ def split_segments(calls: Sequence[Any]) -> list[list[Any]]:
     return segments
 
 
+def _why_no_call(info: dict[str, Any]) -> str:
+    """What the program's run says about an episode without a model call: its time-out, exit status, last stderr."""
+    if info.get("agent_timed_out"):
+        why = f": it timed out after {info.get('agent_seconds', '?')} s"
+    elif info.get("agent_rc") is not None:
+        why = f": it exited with status {info['agent_rc']}"
+    else:
+        return ""
+    tail = str(info.get("agent_stderr_tail") or "").strip().splitlines()[-3:]
+    return why + (f"; stderr ends: {' | '.join(tail)[-300:]}" if tail else "")
+
+
 def trajectory_from_calls(calls: Sequence[Any], outcome: ProgramOutcome, *, seed: int, group_id: int,
                           failures: Sequence[str] = ()) -> Trajectory:
     """The training trajectory of one program episode (see the module doc). ``failures``: errors of the episode's
@@ -75,7 +87,7 @@ def trajectory_from_calls(calls: Sequence[Any], outcome: ProgramOutcome, *, seed
         return traj
     if not calls:
         traj.status, traj.reward = "env_error", 0.0
-        traj.error = traj.error or "the agent program made no model call (nothing to train on)"
+        traj.error = traj.error or "the agent program made no model call (nothing to train on)" + _why_no_call(outcome.info)
         return traj
     final = segments[-1]
     last = final[-1]

@@ -114,6 +114,15 @@ def test_segments_split_where_a_prompt_stops_extending_the_sequence():
 def test_an_agent_that_never_called_the_model_is_masked():
     traj = trajectory_from_calls([], ProgramOutcome(0.1, {"format": 1.0}, "ok"), seed=1, group_id=0)
     assert traj.status == "env_error" and not traj.trainable and "no model call" in traj.error
+    # why, from the program's run: its time-out or exit status and the end of its stderr
+    late = trajectory_from_calls([], ProgramOutcome(0.0, {}, "truncated", info={
+        "agent_timed_out": True, "agent_rc": None, "agent_seconds": 120.0, "agent_stderr_tail": "a\nb\nimporting openai"}),
+        seed=1, group_id=0)
+    assert late.error.endswith("no model call (nothing to train on): it timed out after 120.0 s; stderr ends: a | b | "
+                               "importing openai")
+    crashed = trajectory_from_calls([], ProgramOutcome(0.0, {}, "ok", info={"agent_rc": 1, "agent_timed_out": False}),
+                                    seed=1, group_id=0)
+    assert crashed.error.endswith(": it exited with status 1")
     failed = trajectory_from_calls([_call([1], [2])], ProgramOutcome(0.0, {}, "env_error", "sandbox gone"), seed=1, group_id=0)
     assert failed.status == "env_error" and failed.error == "sandbox gone" and not failed.trainable
 
