@@ -27,7 +27,10 @@ RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-openai-agent.yam
 P, G, STEPS = 2, 2, 2
 TINY = [f"trainer.steps={STEPS}", "trainer.sft_warmup_steps=1", "trainer.sft_batch_size=2", f"trainer.prompts_per_step={P}",
         f"trainer.group_size={G}", "trainer.eval_episodes=2", "trainer.eval_every=2", "inference.max_new_tokens=24",
-        "metrics.tensorboard=false", "trainer.time_budget_s=null"]
+        "metrics.tensorboard=false", "trainer.time_budget_s=null",
+        # a hang guard, not a speed bound: on a busy machine a program's turns (container start, the SDK's import,
+        # the policy's replies through the roles) outlast the env's default 120 s, and the episode would be masked
+        "env.kwargs.program_timeout_s=900"]
 
 
 def _need(backend: str) -> None:
