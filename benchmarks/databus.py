@@ -39,6 +39,7 @@ def _ensure_ray() -> bool:
         return False
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from relax_gym.trainer.cluster.local_ray import start_local_ray
+
     start_local_ray(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
                     configure_logging=False, namespace="relax-gym-bench")
     return True

@@ -130,6 +130,7 @@ def run_ranks(quick: bool = False, *, steps: int | None = None, cycles: int | No
     if not ray.is_initialized():
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         from relax_gym.trainer.cluster.local_ray import start_local_ray
+
         start_local_ray(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False,
                         namespace="relax-gym-bench")
         started = True

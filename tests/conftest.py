@@ -101,6 +101,7 @@ def ray_session():
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
         from relax_gym.trainer.cluster.local_ray import start_local_ray
+
         start_local_ray(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False,
                         namespace="relax-gym-tests")
     yield ray

@@ -113,6 +113,7 @@ def _serve_path(prompts: list[list[int]], new_tokens: int, *, max_batch: int) ->
     from relax_gym.trainer.policy.model import PolicyConfig
 
     from relax_gym.trainer.cluster.local_ray import start_local_ray
+
     start_local_ray(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     serve.start(proxy_location="Disabled")
     deployment = serve.deployment(InferenceRole, name="bench-inference", num_replicas=1, max_ongoing_requests=1000,

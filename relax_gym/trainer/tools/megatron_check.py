@@ -137,6 +137,7 @@ def run_group_check(device: str) -> dict[str, Any]:
     started = not ray.is_initialized()
     if started:
         from relax_gym.trainer.cluster.local_ray import start_local_ray
+
         start_local_ray(num_cpus=2, num_gpus=gpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     failures: list[str] = []
     group = one = None
