@@ -58,6 +58,7 @@ from relax_gym.sandbox.base import (
 from relax_gym.sandbox.docker_channel import (
     Channel,
     ChannelBroken,
+    ChannelClosed,
     init_source,
     request,
 )
@@ -369,8 +370,10 @@ class DockerSandbox(Sandbox):
 
     def _channel_lost(self, why: Exception) -> SandboxError:
         """The error to raise for a failed channel: the sandbox is gone, or (still running) it falls back to
-        ``docker exec`` from now on, after its leftovers are killed."""
+        ``docker exec`` from now on, after its leftovers are killed; or it is being closed (no fallback then)."""
         self._channel = None
+        if isinstance(why, ChannelClosed):
+            return SandboxError(f"sandbox {self.id} was closed during the call")
         errors = _errors()
         try:
             running = bool(self._api.inspect_container(self.container_id)["State"].get("Running"))

@@ -30,11 +30,16 @@ log = logging.getLogger(__name__)
 REQ = struct.Struct(">II")
 MSG = struct.Struct(">cI")
 FRAME = 8  # docker's stream frame header: stream id, 3 zero bytes, big-endian size
+CLOSE_WAIT_S = 10.0  # how long close() waits for a woken call to leave before it leaves the closing to that call
 INIT_SOURCE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "docker_init.py")
 
 
 class ChannelBroken(Exception):
     """The channel failed (the socket closed or a reply never came); the sandbox may be gone."""
+
+
+class ChannelClosed(ChannelBroken):
+    """The host closed the channel (the sandbox is being removed) while a call waited on it."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,12 +70,28 @@ class Channel:
         self.sock.setblocking(False)
         self.name = name
         self.broken = False
+        self.closed_here = False  # close() was called (not a failure of the sandbox's end)
         self._frames = bytearray()  # docker-framed bytes not yet split
         self._msgs = bytearray()  # our protocol's bytes (stream 1) not yet parsed
         self._err = bytearray()
         self._lock = threading.Lock()
 
     def close(self) -> None:
+        """Close the channel for good, also from another thread while a call waits on it: the socket is shut down
+        first, so that call wakes at once (end of stream) and raises :class:`ChannelClosed`; only then is it
+        closed (closing a descriptor that another thread polls leaves that poll blind until its deadline)."""
+        self.closed_here = self.broken = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if self._lock.acquire(timeout=CLOSE_WAIT_S):  # else the call's own thread closes it on its way out
+            try:
+                self._close_now()
+            finally:
+                self._lock.release()
+
+    def _close_now(self) -> None:
         self.broken = True
         # the SDK's HTTP response first: closed after its socket, it fails to flush when collected ("Exception
         # ignored in: <HTTPResponse ...> ValueError: I/O operation on closed file")
@@ -86,18 +107,27 @@ class Channel:
              on_cancel: bytes | None = None) -> dict[str, Any]:
         """Send one request, feed ``o`` / ``e`` chunks to ``out`` / ``err``, return the ``d`` status. ``reply_by``
         (monotonic) is when to give up on the sandbox; a set ``cancel`` sends ``on_cancel`` (a kill request) once.
-        Raises :class:`ChannelBroken`; the channel is then unusable."""
-        if self.broken:
-            raise ChannelBroken(f"channel to {self.name} is closed")
+        Raises :class:`ChannelBroken` (:class:`ChannelClosed` when :meth:`close` was called); the channel is then
+        unusable."""
         with self._lock:
             try:
+                self._check_open()
                 return self._call(request(head, body), out, err, reply_by, cancel, on_cancel)
             except ChannelBroken:
-                self.close()
+                self._close_now()
                 raise
             except OSError as e:
-                self.close()
-                raise ChannelBroken(f"channel to {self.name}: {e}") from e
+                self._close_now()
+                raise (ChannelClosed if self.closed_here else ChannelBroken)(f"channel to {self.name}: {e}") from e
+            finally:
+                if self.broken:  # closed from another thread while this call ran: the socket is only shut down
+                    self._close_now()
+
+    def _check_open(self) -> None:
+        if self.closed_here:
+            raise ChannelClosed(f"channel to {self.name} is closed")
+        if self.broken:
+            raise ChannelBroken(f"channel to {self.name} is broken")
 
     def _call(self, data: bytes, out: OutputCap | None, err: OutputCap | None, reply_by: float,
               cancel: threading.Event | None, on_cancel: bytes | None) -> dict[str, Any]:
@@ -106,6 +136,7 @@ class Channel:
         poller.register(self.sock, select.POLLIN | select.POLLOUT)
         cancelled = False
         while True:
+            self._check_open()
             if cancel is not None and cancel.is_set() and not cancelled and on_cancel:
                 cancelled = True
                 pending = memoryview(bytes(pending) + on_cancel)
@@ -129,6 +160,7 @@ class Channel:
                 except BlockingIOError:
                     continue
                 if not chunk:
+                    self._check_open()
                     raise ChannelBroken(f"{self.name} closed its channel")
                 self._feed(chunk)
                 status = self._deliver(out, err)

@@ -7,6 +7,9 @@ They run against the real engine; without one they skip with the reason (a failu
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
+import threading
 import time
 
 import pytest
@@ -14,6 +17,7 @@ import pytest
 from relax_gym.sandbox.backends import get_backend
 from relax_gym.sandbox.base import SandboxError
 from relax_gym.sandbox.docker import EXEC_MODE_VAR
+from relax_gym.sandbox.docker_channel import Channel, ChannelClosed
 from relax_gym.sandbox.spec import SandboxSpec
 
 from .conftest import run
@@ -153,6 +157,56 @@ def test_lost_channel_falls_back_to_docker_exec(docker_backend, spec):
         assert box.id not in docker_backend.live()
 
     run(body())
+
+
+def test_closing_a_channel_wakes_the_call_waiting_on_it():
+    """close() from another thread while a call waits for its answer (a sandbox removed at exit while its command
+    runs): the call raises ChannelClosed at once, not at its reply deadline an hour away, and the socket is closed."""
+    host, box_end = socket.socketpair()
+    channel = Channel(host, "pair")
+    raised: list[BaseException] = []
+
+    def caller() -> None:
+        try:
+            channel.call({"op": "exec", "argv": ["sleep", "600"]}, reply_by=time.monotonic() + 3600)
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            raised.append(e)
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    try:
+        assert box_end.recv(4096)  # the request went out: the call now waits for its answer
+        channel.close()
+        thread.join(120)  # a guard against a hang only; the call wakes at once
+        assert not thread.is_alive(), "the call still waits on the closed channel"
+        assert len(raised) == 1 and isinstance(raised[0], ChannelClosed), raised
+        assert host.fileno() == -1 and channel.broken
+        with pytest.raises(ChannelClosed, match="pair is closed"):
+            channel.call({"op": "exec", "argv": ["true"]}, reply_by=time.monotonic() + 3600)
+    finally:
+        box_end.close()
+        channel.close()
+
+
+def test_closing_a_sandbox_during_a_command_ends_the_command_without_a_fallback(docker_backend, spec, caplog):
+    """A sandbox closed while its command runs over the channel (what the exit hook does with sandboxes in use):
+    the command fails with "closed during the call", and nothing warns of a lost channel or falls back."""
+    caplog.set_level(logging.WARNING, logger="relax_gym.sandbox")
+
+    async def body():
+        box = await _create(docker_backend, spec, "channel")
+        task = asyncio.ensure_future(box.exec("sleep 600"))
+        api = docker_backend._api()
+        while not any("sleep 600" in " ".join(p) for p in api.top(box.container_id)["Processes"]):
+            assert not task.done(), task
+            await asyncio.sleep(0.05)  # polls for the command's start; orders nothing by time
+        await box.close()
+        with pytest.raises(SandboxError, match="closed during the call"):
+            await task
+        assert box.id not in docker_backend.live()
+
+    run(body())
+    assert not [r for r in caplog.records if "channel" in r.getMessage()], caplog.text
 
 
 def test_channel_exec_is_quick_and_cancellation_kills_the_command(docker_backend, spec):
