@@ -30,7 +30,7 @@ from relax_gym.trainer.engines.factory import start_engine
 from relax_gym.trainer.faults.hooks import LocalFaults
 from relax_gym.trainer.faults.schedule import FaultSchedule
 from relax_gym.trainer.policy import build_policy
-from relax_gym.trainer.policy.moe import routing_dims
+from relax_gym.trainer.policy.config import routing_dims
 from relax_gym.trainer.rewards.judge import judge_trajectory
 from relax_gym.trainer.rewards.judge_host import LocalJudge, resolve_judge
 from relax_gym.trainer.rollout.episode import Trajectory, run_episode

@@ -10,7 +10,7 @@ import torch
 
 from relax_gym.trainer.databus import InProcessBus
 from relax_gym.trainer.policy import PolicyConfig
-from relax_gym.trainer.policy.moe import routing_dims
+from relax_gym.trainer.policy.config import routing_dims
 from relax_gym.trainer.rollout.episode import Trajectory
 from relax_gym.trainer.policy.routing import (
     RoutingCounts,

@@ -67,7 +67,7 @@ from relax_gym.trainer.faults.schedule import FaultSchedule
 from relax_gym.trainer.run.driver import RunDriver
 from relax_gym.trainer.run.seeds import eval_seeds, prompt_seed
 from relax_gym.trainer.run.step_row import episodes_masked, eval_row, rollout_row
-from relax_gym.trainer.policy.moe import routing_dims
+from relax_gym.trainer.policy.config import routing_dims
 from relax_gym.trainer.async_engine.recovery import GlobalRestart, RecoveryError, is_replica_failure, kill_rank, kill_replica
 from relax_gym.trainer.rollout.samples import masked_row, masked_summary, sample_id
 from relax_gym.trainer.async_engine.staleness import StalenessGate

@@ -20,7 +20,7 @@ from transformers import Qwen3OmniMoeThinkerConfig, Qwen3OmniMoeThinkerForCondit
 
 from relax_gym.trainer.policy.tiny_sizes import audio_sizes, text_sizes, vision_sizes
 
-__all__ = ["MoEThinker", "moe_thinker_config", "routing_dims"]
+__all__ = ["MoEThinker", "moe_thinker_config"]
 
 #: The model class of family ``qwen3_omni_moe``.
 MoEThinker = Qwen3OmniMoeThinkerForConditionalGeneration
@@ -52,14 +52,3 @@ def moe_thinker_config(cfg: Any, processor: Any, rope_sections: list[int]) -> Qw
     )
 
 
-def routing_dims(cfg: Any) -> tuple[int, int] | None:
-    """``(MoE layers, experts per token)`` of the policy ``cfg`` describes (a ``PolicyConfig``), None for a dense one.
-    For a checkpoint (``cfg.path``) the sizes come from its config.json."""
-    if cfg.family != "qwen3_omni_moe":
-        return None
-    if cfg.path is None:
-        return int(cfg.num_layers), int(cfg.moe_top_k)
-    text = Qwen3OmniMoeThinkerConfig.from_pretrained(cfg.path).get_text_config()
-    sparse = [i for i in range(text.num_hidden_layers) if i not in (text.mlp_only_layers or [])
-              and text.num_experts > 0 and (i + 1) % text.decoder_sparse_step == 0]
-    return len(sparse), int(text.num_experts_per_tok)

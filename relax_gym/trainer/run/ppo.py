@@ -17,14 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from relax_gym.trainer.actors.critic import Critic
-from relax_gym.trainer.actors.factory import build_critic
 from relax_gym.trainer.algorithms import AlgorithmConfig, StepBatch, estimator
 from relax_gym.trainer.run.checkpoint import CRITIC_DIR, CheckpointError
+
+if TYPE_CHECKING:  # the critic's code (transformers' model classes) loads where a critic is built, not in the
+    # advantages role, which imports this module for step_advantages only
+    from relax_gym.trainer.actors.critic import Critic
 
 __all__ = ["colocate_update", "start_critic", "step_advantages"]
 
@@ -40,6 +42,8 @@ def step_advantages(loss_masks: Sequence[Sequence[int] | torch.Tensor], values: 
 def start_critic(cfg: Any, actor: Any, processor: Any, checkpoint: Path | None = None) -> Critic:
     """The run's critic: the actor's current (warmed-up) policy copied under a zero value head, or, resuming, the
     critic saved in ``checkpoint`` (``checkpoint/critic``)."""
+    from relax_gym.trainer.actors.factory import build_critic
+
     critic = build_critic(cfg, actor.hf_model(), processor)
     if checkpoint is not None:
         folder = Path(checkpoint) / CRITIC_DIR

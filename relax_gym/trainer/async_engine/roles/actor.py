@@ -43,7 +43,7 @@ from relax_gym.trainer.async_engine.recovery import ReplacedActorError
 from relax_gym.trainer.async_engine.bus_source import open_bus
 from relax_gym.trainer.async_engine.contracts import ActorStepAnswer, CheckpointAnswer, WarmupAnswer
 from relax_gym.trainer.async_engine.replica import announce_replica, setup_replica
-from relax_gym.trainer.policy.moe import routing_dims
+from relax_gym.trainer.policy.config import routing_dims
 from relax_gym.trainer.rollout.media import MediaResolver
 from relax_gym.trainer.rollout.samples import ROUTING_FIELD, TRAIN_FIELDS, TrainItem, train_items
 from relax_gym.trainer.async_engine.staleness import off_policy_tis_cap, staleness, staleness_stats

@@ -49,7 +49,7 @@ from relax_gym.trainer.databus.media import payload_bytes
 from relax_gym.trainer.databus.protocol import DuplicateRowError
 from relax_gym.trainer.engines.serve_client import HandleEngineClient
 from relax_gym.trainer.faults.hooks import SandboxHangs
-from relax_gym.trainer.policy.moe import routing_dims
+from relax_gym.trainer.policy.config import routing_dims
 from relax_gym.trainer.rewards.judge import Judge, judge_trajectory
 from relax_gym.trainer.rewards.judge_host import judge_processor
 from relax_gym.trainer.rollout.episode import Trajectory, run_episode
