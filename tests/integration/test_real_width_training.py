@@ -1,13 +1,15 @@
-"""Training at real width on CPU (issue 34, item 4): one RL step in colocate and in async mode, checkpoint save and
+"""Training at real width on CPU (issue 34, item 4): RL steps in colocate and in async mode, checkpoint save and
 ``--resume``, from the Qwen2.5-Omni-3B stand-in (the session's ``standin_3b``: published layout, real widths --
 hidden 2048, a 151,936-token untied vocabulary, 1280-wide vision and audio towers --, one layer per stack, bf16).
 
-Every run is ``recipes/cpu-nextqa.yaml`` with ``model.path`` set to the stand-in, through the code ``relax-gym train``
-runs (colocate: :func:`~relax_gym.trainer.train.build_trainer` in this process, so the engine's weights can be
-read; async: the CLI itself, roles as Ray Serve deployments around the real TransferQueue bus), shrunk to the least
-that still trains on video + text: 2 prompts x 2 samples of a NExT-QA clip (2 frames: one temporal patch, 144
-video tokens) with its question, 4 new tokens, 2 eval episodes at the start and the end, no SFT warm-up (so what
-changes the weights is the RL step).
+One run covers both modes: ``recipes/cpu-nextqa.yaml`` with ``model.path`` set to the stand-in trains its first
+step in colocate mode (:func:`~relax_gym.trainer.train.build_trainer` in this process, so the engine's weights can
+be read) and is killed when its second starts; ``relax-gym train --resume`` then trains that second step in async
+mode (the CLI itself: roles as Ray Serve deployments around the real TransferQueue bus, S = 0). Each real-width run
+costs minutes of the suite's CPU, so the async step starts from the colocate checkpoint instead of a run of its
+own. The recipe is shrunk to the least that still trains on video + text: 2 prompts x 2 samples of a NExT-QA clip
+(2 frames: one temporal patch, 144 video tokens) with its question, 4 new tokens, 2 eval episodes at the start and
+the end, no SFT warm-up (so what changes the weights is the RL step).
 
 The reward is a probe: a random-weight policy never writes ``<answer>X</answer>`` in 4 tokens, so the env's own
 reward is 0 for every sample, every group's advantages are 0 and the RL step has nothing to learn from (no forward,
@@ -16,18 +18,17 @@ question, media sampling) scored by a rubric whose one rule maps any answer text
 between different texts, so each group has a better and a worse sample. Async env workers live in Ray processes,
 so the probe is served to them from this process by an env server on loopback (``env.id=remote:URL/ID``).
 
-Checked: rc / result, the metrics rows (eval at 0 and at the end, the step with its samples forwarded), finite
-losses and gradient norm, the policy version advanced by the step, the weights the engine serves after the step
+Checked: rc / result, the metrics rows (eval at 0 and at the end, each step with its samples forwarded), finite
+losses and gradient norm, the policy version advanced by each step, the weights the engine serves after the step
 are the checkpoint's and differ from the stand-in's where the step had gradients (and are equal to them where it
-had none: the audio tower, since no sample holds audio), everything kept in bf16, the checkpoint in the published
-formats; a run killed after its step-1 checkpoint and resumed starts from that checkpoint's weights and optimizer
-state bit for bit, with its step counter and policy version, keeps the metrics rows written before it, and trains
-on to the next step.
+had none: the audio tower, since no sample holds audio), everything kept in bf16, the checkpoints in the published
+formats; the run killed after its step-1 checkpoint resumes from that checkpoint's weights and optimizer state bit
+for bit, with its step counter and policy version, keeps the metrics rows written before it, and trains on (in
+async mode) to the next step, nothing lost.
 
-Memory (one pytest process runs them all; the issue allows 12 GB per test process): the colocate test peaks at
-~10 GB (actor weights, gradients and AdamW's bf16 moments, the engine's copy: 0.8 B parameters each), the async
-test's actor replica at ~8 GB, its inference replica at ~3 GB; the run directories (4.7 GB per checkpoint) are
-removed at teardown. ~2.5 minutes on 2 cores.
+Memory (one pytest process runs it; the issue allows 12 GB per test process): the colocate part peaks at ~10 GB
+(actor weights, gradients and AdamW's bf16 moments, the engine's copy: 0.8 B parameters each), the async actor
+replica at ~8 GB, its inference replica at ~3 GB; the run directory (4.7 GB per checkpoint) is removed at teardown.
 """
 
 from __future__ import annotations
@@ -186,8 +187,11 @@ def free_memory() -> None:
 # -- the tests ----------------------------------------------------------------------------------------------------
 
 
-def test_colocate_step_checkpoint_and_resume_at_real_width(standin_3b, probe, run_dir):
-    """One RL step in colocate mode, its checkpoint, and `--resume` from it (see the module docstring)."""
+def test_colocate_step_checkpoint_then_an_async_resume_at_real_width(ray_session, standin_3b, probe, run_dir):
+    """One RL step in colocate mode and its checkpoint; the resumed trainer holds that checkpoint's weights and
+    optimizer state bit for bit; then `relax-gym train --resume` continues the run in async mode (Ray Serve roles
+    around the TransferQueue bus, S = 0) for its second step (see the module docstring). One run for both modes:
+    each real-width run costs minutes of the suite, and a checkpoint written by one mode is what the other resumes."""
     from relax_gym.trainer.config import load_recipe
     from relax_gym.trainer.faults.schedule import InjectedCrash
     from relax_gym.trainer.train import build_trainer
@@ -224,7 +228,7 @@ def test_colocate_step_checkpoint_and_resume_at_real_width(standin_3b, probe, ru
         assert same_bits(after[name], read(saved[name])), name
     assert_trained_where_it_had_gradients(standin_3b, ckpt)
 
-    # `relax-gym train --resume RUN_DIR`: the run's own config.json, from its latest checkpoint
+    # what `relax-gym train --resume RUN_DIR` builds from the run's own config.json: the checkpoint's state exactly
     trainer = build_trainer(load_recipe(run_dir / "config.json"), run_dir, resume=True)
     try:
         assert trainer.resumed.step == 1 and trainer.version == 1
@@ -239,45 +243,31 @@ def test_colocate_step_checkpoint_and_resume_at_real_width(standin_3b, probe, ru
         assert opt.keys() == saved_opt.keys()
         assert all(same_bits(opt[i][k], saved_opt[i][k]) for i in opt for k in opt[i]), "optimizer != checkpoint's"
         del opt, saved_opt
-        summary = trainer.run()
-        assert trainer.version == 2
     finally:
         trainer.close()
     del trainer
     free_memory()
 
-    assert summary["steps"] == 2
-    resumed = rows(run_dir)
-    assert [r["step"] for r in resumed] == [0, 1, 2]
-    assert resumed[:2] == got  # the rows up to the checkpoint stay as they were, each step once
-    assert resumed[2]["policy_version"] == 2 and "eval_reward" in resumed[2]
-    assert_step_trained(resumed[2])
-    step2 = run_dir / "checkpoints" / "step_000002"
-    assert_published_checkpoint(step2)
-    assert not same_bits(read(weight_files(step2)[watched[0]]), read(saved[watched[0]]))
-
-
-def test_async_step_at_real_width(ray_session, standin_3b, probe, run_dir):
-    """One RL step in async mode through `relax-gym train`: Ray Serve roles around the TransferQueue bus, S = 0."""
-    args = ["train", str(RECIPE), f"model.path={standin_3b}", *small(probe[1]), "trainer.mode=async",
-            "trainer.max_staleness=0", "roles.bus=transferqueue", "--run-dir", str(run_dir)]
-    result = CliRunner().invoke(app, args)
+    # the run goes on in async mode, through the CLI: the env workers (Ray processes) reach the probe over loopback
+    result = CliRunner().invoke(app, ["train", "--resume", str(run_dir), "trainer.mode=async", "trainer.max_staleness=0",
+                                      "roles.bus=transferqueue", f"env.id={probe[1]}"])
     assert result.exit_code == 0, result.output + repr(result.exception)
     free_memory()
 
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 1 and summary["mode"] == "async"
-    assert summary["samples_produced"] == summary["samples_consumed"] == P * G
-    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0 and summary["policy_version"] == 1
-    got = rows(run_dir)
-    assert [r["step"] for r in got] == [0, 1]
-    step = got[1]
-    assert step["policy_version"] == 1 and step["trained_version"] == 0 and step["samples_consumed"] == P * G
+    assert summary["steps"] == 2 and summary["mode"] == "async" and summary["policy_version"] == 2
+    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
+    resumed = rows(run_dir)
+    assert [r["step"] for r in resumed] == [0, 1, 2]
+    assert resumed[:2] == got  # the rows up to the checkpoint stay as they were, each step once
+    step = resumed[2]
+    assert step["policy_version"] == 2 and step["trained_version"] == 1 and step["samples_consumed"] == P * G
     assert step["bus_bytes_put"] > 0 and "eval_reward" in step
     assert_step_trained(step)
-    ckpt = run_dir / "checkpoints" / "step_000001"
-    assert_published_checkpoint(ckpt)
-    assert_trained_where_it_had_gradients(standin_3b, ckpt)
+    step2 = run_dir / "checkpoints" / "step_000002"
+    assert_published_checkpoint(step2)
+    assert_trained_where_it_had_gradients(standin_3b, step2)
+    assert not same_bits(read(weight_files(step2)[watched[0]]), read(saved[watched[0]]))
 
 
 def test_an_engine_wave_is_prefilled_in_rounds_of_max_prefill_tokens():

@@ -26,6 +26,9 @@ class SampleLedger:
         self.discarded: list[str] = []  # stragglers: carry — samples too stale for any partition (never put)
         self.carry_cursor = 0  # stragglers: carry — groups launched so far (the next launch number)
         self.regenerated = 0  # samples produced after a checkpoint and discarded by a global restart
+        # the first step whose samples this ledger accounts for: after a checkpoint without a ledger (a colocate
+        # run's, resumed in async mode) the steps before it were trained where no ledger counted them
+        self.first_step = 1
 
     def trained_at(self, sid: str) -> int:
         """The step (from 1) that trains sample ``sid``: its launch step, or with carried stragglers the partition
@@ -37,6 +40,7 @@ class SampleLedger:
         """The ledger as the checkpoint being resumed saved it (``state``: its TrainerState; None: start over).
         Samples produced after that checkpoint count as regenerated (a resumed run makes them again)."""
         extra = state.extra if state is not None else {}
+        self.first_step = state.step + 1 if state is not None and "consumed" not in extra else 1
         dropped = [s for s in self.produced if state is None or self.trained_at(s) > state.step]
         self.regenerated += len(dropped)
         self.produced = list(extra.get("produced", []))
@@ -61,14 +65,14 @@ class SampleLedger:
         return extra
 
     def lost(self, steps_done: int) -> int:
-        """Samples the run should have trained (every step done) that the actor never consumed, or that were masked
-        because their env worker never answered."""
+        """Samples the run should have trained (every step done since :attr:`first_step`) that the actor never
+        consumed, or that were masked because their env worker never answered."""
         t = self.trainer
         if t.stragglers == "carry":  # the samples placed in the steps done
-            expected = {sid for sid, j in self.placed.items() if j < steps_done}
+            expected = {sid for sid, j in self.placed.items() if self.first_step - 1 <= j < steps_done}
         else:
-            expected = {sample_id(s, g, m) for s in range(1, steps_done + 1) for g in range(t.prompts_per_step)
-                        for m in range(t.group_size)}
+            expected = {sample_id(s, g, m) for s in range(self.first_step, steps_done + 1)
+                        for g in range(t.prompts_per_step) for m in range(t.group_size)}
         return len(expected - set(self.consumed) | (set(self.given_up) & expected))
 
     def figures(self) -> dict[str, int]:
