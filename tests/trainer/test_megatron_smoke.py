@@ -1,6 +1,7 @@
 """The megatron backend end to end: a 2-step colocate run of the default recipe with ``actor.backend=megatron``
 (SFT warm-up, rollouts against the embedded engine, RL steps, weight pushes, eval, a dist_checkpointing checkpoint),
-and the ``megatron_check`` CLI on the CPU."""
+and the ``megatron_check`` CLI's answer without CUDA. (The CLI's CPU run is checked where scripts/gpu_check.sh runs
+it: tests/trainer/tools/test_gpu_check.py's dry run asserts its whole JSON line.)"""
 
 from __future__ import annotations
 
@@ -50,17 +51,6 @@ def check(device: str, steps: int) -> tuple[int, dict]:
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1, proc.stdout + proc.stderr[-2000:]
     return proc.returncode, json.loads(lines[0])
-
-
-@pytest.mark.timeout(360)
-def test_megatron_check_cli_on_the_cpu():
-    rc, summary = check("cpu", 2)
-    assert rc == 0 and summary["ok"] is True, summary
-    assert summary["device"] == "cpu" and summary["cpu_patch"] is True
-    assert summary["logprob_max_abs_diff"] <= 1e-4 and summary["tokens_compared"] > 50
-    assert summary["conversion_bit_exact"] is True
-    assert len(summary["losses"]) == 2 and all(math.isfinite(x) for x in summary["losses"])
-    assert summary["tensors_changed"] > 0
 
 
 @pytest.mark.timeout(360)

@@ -55,7 +55,10 @@ def test_dry_run_runs_every_check_on_cpu_and_passes(tmp_path, standin_3b):
     assert "dry run without --wheelhouse" in rows["install"]["skipped"]
     megatron = rows["megatron"]
     assert megatron["device"] == "cpu" and megatron["steps"] == 2 and megatron["conversion_bit_exact"] is True
-    assert megatron["logprob_max_abs_diff"] <= megatron["tolerance"] == 1e-4
+    assert megatron["logprob_max_abs_diff"] <= megatron["tolerance"] == 1e-4 and megatron["tokens_compared"] > 50
+    # the megatron_check CLI on the CPU (this row is its one JSON line): the patch applied, the steps trained
+    assert megatron["cpu_patch"] is True and megatron["tensors_changed"] > 0
+    assert len(megatron["losses"]) == 2 and all(math.isfinite(x) for x in megatron["losses"])
     group = rows["megatron_group"]  # the rank-group launcher at world size 1
     assert group["weights_bit_identical"] is True and group["weight_gap"] <= 1e-4 and len(group["layout"]) == 1
     dcs = rows["dcs"]
