@@ -1,7 +1,8 @@
 """Both training modes run the same RL step definition (relax_gym.trainer.run): a short colocate run and a short
 async S = 0 run write checkpoints at the same steps and the same metrics keys (but for the keys only one mode has by
-nature), both for a run that reaches its last step and for one stopped by ``trainer.time_budget_s`` (a 1 ms budget:
-the first step always stops it, evaluated and checkpointed)."""
+nature). A colocate run stopped by ``trainer.time_budget_s`` (a 1 ms budget: the first step always stops it) is
+evaluated and checkpointed at that step; the async controller's stop on a spent budget is checked on the virtual
+clock (tests/trainer/plan/test_controller_replay.py, at S = 0 and S = 2), not by a second Ray Serve run."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typer.testing import CliRunner
 
 from relax_gym.cli import app
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(reason="four short training runs, two of them on real Ray Serve"),
+pytestmark = [pytest.mark.integration, pytest.mark.slow(reason="three short training runs, one of them on real Ray Serve"),
               pytest.mark.timeout(900)]
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-nextqa.yaml"
@@ -42,15 +43,19 @@ def run(tmp_path: Path, name: str, mode: str, budget: str) -> tuple[list[int], d
 
 
 def test_colocate_and_async_write_the_same_checkpoints_and_metrics(ray_session, tmp_path):
-    for budget, want in (("null", [2, 3]), ("0.001", [1])):
-        colocate_ckpts, colocate = run(tmp_path, f"colocate-{budget}", "colocate", budget)
-        async_ckpts, async_ = run(tmp_path, f"async-{budget}", "async", budget)
-        assert colocate_ckpts == async_ckpts == want, budget
-        assert sorted(colocate) == sorted(async_), budget  # the same rows: warm-up, eval at 0, each step
-        for step in colocate:
-            assert colocate[step] - COLOCATE_ONLY == async_[step] - ASYNC_ONLY, (budget, step)
-        last = max(colocate)
-        assert {"eval_reward", "eval_accuracy", "eval_format", "accuracy_mean", "format_mean"} <= colocate[last]
+    colocate_ckpts, colocate = run(tmp_path, "colocate-null", "colocate", "null")
+    async_ckpts, async_ = run(tmp_path, "async-null", "async", "null")
+    assert colocate_ckpts == async_ckpts == [2, 3]
+    assert sorted(colocate) == sorted(async_) == [-1, 0, 1, 2, 3]  # the same rows: warm-up, eval at 0, each step
+    for step in colocate:
+        assert colocate[step] - COLOCATE_ONLY == async_[step] - ASYNC_ONLY, step
+    assert {"eval_reward", "eval_accuracy", "eval_format", "accuracy_mean", "format_mean"} <= colocate[3]
+    # a spent time budget: the first step ends the run, with that step's eval and checkpoint (neither due)
+    stopped_ckpts, stopped = run(tmp_path, "colocate-0.001", "colocate", "0.001")
+    assert stopped_ckpts == [1] and sorted(stopped) == [-1, 0, 1]
+    assert {"eval_reward", "eval_accuracy", "eval_format"} <= stopped[1]
+    no_eval = lambda keys: {k for k in keys if not k.startswith("eval_")}  # noqa: E731
+    assert no_eval(stopped[1]) == no_eval(colocate[1])  # the same step row, with the eval the stop brought
     # the async S = 0 run (stragglers=wait) files each step's train episodes by their place in the step, once each
     records = {p.name: [json.loads(x) for x in p.read_text().splitlines()]
                for p in (tmp_path / "async-null" / "rollouts").glob("step_*.jsonl")}

@@ -286,17 +286,20 @@ def _logging_gate(log: EventLog) -> type:
 
 
 def drive(costs: Costs, cfg: RelaxConfig | dict[str, Any], *, faults: RoleFaults | None = None,
-          run_dir: str | Path | None = None) -> DriveResult:
+          run_dir: str | Path | None = None, keep_schedule: bool = False) -> DriveResult:
     """Run the controller for ``cfg.trainer.steps`` steps against the simulated roles (see the module docstring).
-    ``run_dir``: where its files go (config, metrics.jsonl, summary.json); a temporary directory by default."""
+    ``run_dir``: where its files go (config, metrics.jsonl, summary.json); a temporary directory by default.
+    ``keep_schedule``: keep the config's eval and checkpoint steps and its time budget (on the virtual clock);
+    by default the drive has none of them (no SFT warm-up either way)."""
     cfg = cfg if isinstance(cfg, RelaxConfig) else RelaxConfig.model_validate(cfg)
     t = cfg.trainer
     if t.mode != "async":
         raise ValueError(f"the controller drive simulates trainer.mode=async, not {t.mode!r}")
     if cfg.algorithm.needs_critic or cfg.judge is not None or cfg.faults.inject:
         raise ValueError("the controller drive simulates neither PPO's critic, a judge, nor faults: (use RoleFaults)")
-    t = t.model_copy(update={"checkpoint_every": t.steps + 1, "eval_every": t.steps + 1,
-                             "sft_warmup_steps": 0, "time_budget_s": None})
+    unscheduled = {} if keep_schedule else {"checkpoint_every": t.steps + 1, "eval_every": t.steps + 1,
+                                            "time_budget_s": None}
+    t = t.model_copy(update={**unscheduled, "sft_warmup_steps": 0})
     cfg = cfg.model_copy(update={"trainer": t, "metrics": cfg.metrics.model_copy(update={"tensorboard": False})})
     with contextlib.ExitStack() as stack:
         if run_dir is None:

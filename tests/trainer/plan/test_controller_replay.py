@@ -106,3 +106,22 @@ def test_what_the_drive_cannot_simulate_is_refused_by_name():
         drive(costs(), RelaxConfig.model_validate({"trainer": {"mode": "async"}, "algorithm": {"name": "ppo"}}))
     with pytest.raises(ValueError, match="'replica' or 'error', not 'crash'"):
         RoleFaults().fail("env_worker", "run_group", kind="crash")
+
+
+@pytest.mark.parametrize("s", [0, 2])
+def test_a_spent_time_budget_stops_the_run_after_its_step_with_a_checkpoint_and_an_eval(s):
+    """The time budget on the virtual clock (what tests/integration/test_modes_agree.py checks for colocate mode):
+    spent during step 1 (each step takes seconds here, the budget is one), the run stops after that step, with the
+    step's eval and checkpoint although neither is due (every 2 steps), and its ledger whole; at S = 2 the groups
+    launched ahead for later steps are counted unconsumed, not lost."""
+    r = drive(costs(), config(max_staleness=s, time_budget_s=1.0, checkpoint_every=2, eval_every=2), keep_schedule=True)
+    assert r.summary["steps"] == 1 and r.summary["elapsed_s"] >= 1.0
+    assert [row["step"] for row in r.rows] == [1] and "eval_reward" in r.rows[0]
+    assert [step for step, _ in r.topology.actor.checkpoints] == [1]
+    assert r.summary["samples_consumed"] == P * G and r.summary["samples_lost"] == 0
+    assert r.summary["samples_duplicated"] == 0
+    assert r.summary["samples_unconsumed"] == (P * G * s if s else 0)
+    # without a budget the same schedule evaluates and checkpoints every 2 steps to the end
+    r = drive(costs(), config(max_staleness=s, checkpoint_every=2, eval_every=2), keep_schedule=True)
+    assert r.summary["steps"] == 6 and [step for step, _ in r.topology.actor.checkpoints] == [2, 4, 6]
+    assert [row["step"] for row in r.rows if "eval_reward" in row] == [2, 4, 6]
