@@ -5,6 +5,12 @@ current node timed out during startup" after that. On a loaded machine (a 2-core
 busy processes beside it) the raylet can miss that window although nothing is wrong. :func:`start_local_ray` then
 stops the processes that attempt started (this process's descendants that were not there before it: the GCS
 server, the raylet, its agents) and tries again, a few times, before it gives up with Ray's own error.
+
+Ray starts its worker processes at niceness 15 (``worker_niceness``), to keep its own daemons responsive. In a run
+of ours every role replica is such a worker, so on a busy machine (a laptop compiling beside the run, a test suite
+beside two busy loops) the whole run would get a few per cent of the CPU: with two busy processes on 2 cores the
+suite's Ray Serve trainings stalled (each replica at ~3 %). The instances started here keep their workers at the
+niceness of the process that starts them.
 """
 
 from __future__ import annotations
@@ -12,15 +18,18 @@ from __future__ import annotations
 from typing import Any
 
 STARTUP_TIMEOUT = "timed out during startup"  # the words of Ray's error for a node that did not register in time
+WORKER_NICENESS = 0  # Ray's default is 15 (see above)
 
 
 def start_local_ray(*, attempts: int = 3, **init_kwargs: Any) -> Any:
-    """``ray.init(**init_kwargs)`` for a new local instance, tried up to ``attempts`` times when the node misses
-    Ray's start-up window; each failed attempt's processes are stopped first. Other errors are raised at once."""
+    """``ray.init(**init_kwargs)`` for a new local instance (its workers not niced, unless ``_system_config`` says
+    otherwise), tried up to ``attempts`` times when the node misses Ray's start-up window; each failed attempt's
+    processes are stopped first. Other errors are raised at once."""
     import ray
 
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
+    init_kwargs["_system_config"] = {"worker_niceness": WORKER_NICENESS, **(init_kwargs.get("_system_config") or {})}
     for attempt in range(1, attempts + 1):
         before = descendants()
         try:

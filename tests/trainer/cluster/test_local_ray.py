@@ -1,5 +1,5 @@
 """relax_gym/trainer/cluster/local_ray.py: a local Ray start that misses Ray's start-up window is stopped and tried
-again; other errors are not retried. Ray's init is replaced by one that starts a real child process (as a failed
+again; other errors are not retried; its workers run at our niceness, not Ray's 15. Ray's init is replaced by one that starts a real child process (as a failed
 attempt leaves its GCS and raylet behind) and fails the way Ray does."""
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def test_a_missed_start_up_window_is_stopped_and_tried_again(flaky):
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # born before the start
     try:
         assert local_ray.start_local_ray(attempts=3, num_cpus=8, namespace="t") == "context"
-        assert fake.calls == [{"num_cpus": 8, "namespace": "t"}] * 3 and fake.shutdowns == 2
+        want = {"num_cpus": 8, "namespace": "t", "_system_config": {"worker_niceness": 0}}
+        assert fake.calls == [want] * 3 and fake.shutdowns == 2
         for child in fake.left_behind:  # each failed attempt's processes were killed and reaped
             assert child.poll() is not None
         assert bystander.poll() is None and psutil.pid_exists(bystander.pid)  # an older child is left alone
@@ -74,3 +75,26 @@ def test_the_last_failure_and_any_other_error_are_raised(flaky):
         child.wait()
     with pytest.raises(ValueError, match="attempts"):
         local_ray.start_local_ray(attempts=0)
+
+
+def test_workers_run_at_the_niceness_of_the_process_that_started_ray(ray_session):
+    """The session's Ray (started by start_local_ray): an actor's process is not niced below this one. At Ray's
+    default (15) two busy processes on 2 cores left every role replica a few per cent of the CPU."""
+    import os
+
+    @ray_session.remote(num_cpus=0)
+    class Probe:
+        def niceness(self) -> int:
+            return os.nice(0)
+
+    probe = Probe.remote()
+    try:
+        assert ray_session.get(probe.niceness.remote(), timeout=300) == os.nice(0)
+    finally:
+        ray_session.kill(probe)
+
+
+def test_a_given_system_config_is_kept_and_may_set_the_niceness(flaky):
+    fake = flaky(failures=0)
+    local_ray.start_local_ray(_system_config={"worker_niceness": 5, "object_timeout_milliseconds": 7})
+    assert fake.calls == [{"_system_config": {"worker_niceness": 5, "object_timeout_milliseconds": 7}}]
