@@ -114,13 +114,13 @@ class Channel:
                 self._check_open()
                 return self._call(request(head, body), out, err, reply_by, cancel, on_cancel)
             except ChannelBroken:
-                self._close_now()
+                self.broken = True
                 raise
             except OSError as e:
-                self._close_now()
+                self.broken = True
                 raise (ChannelClosed if self.closed_here else ChannelBroken)(f"channel to {self.name}: {e}") from e
             finally:
-                if self.broken:  # closed from another thread while this call ran: the socket is only shut down
+                if self.broken:  # this call failed, or close() ran in another thread (the socket only shut down)
                     self._close_now()
 
     def _check_open(self) -> None:
