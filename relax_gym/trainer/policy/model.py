@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers import GenerationConfig, Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration, WhisperFeatureExtractor
 
 from relax_gym.trainer.policy.checkpoint_files import (
@@ -41,15 +40,14 @@ from relax_gym.trainer.policy.checkpoint_files import (
     check_tokenizer,
     check_tokenizer_files,
     check_weights,
-    checkpoint_dtype,
     read_checkpoint_dir,
     read_json,
     thinker_config as checkpoint_thinker_config,
 )
+from relax_gym.trainer.policy.config import DTYPES, PolicyConfig
 from relax_gym.trainer.policy.moe import MoEThinker, moe_thinker_config
 from relax_gym.trainer.policy.processor import VIDEO_PREPROCESSOR_CONFIG, OmniProcessor
 from relax_gym.trainer.policy.tiny_sizes import audio_sizes, text_sizes, vision_sizes
-from relax_gym.trainer.policy.config import DTYPES, PolicyConfig
 from relax_gym.trainer.policy.tokenizer import build_tokenizer
 
 __all__ = ["CheckpointDirError", "PolicyConfig", "build_policy", "load_processor", "mrope_sections", "save_policy", "thinker_config"]
@@ -59,8 +57,6 @@ log = logging.getLogger(__name__)
 THINKER_CLASSES = {"qwen2_5_omni": Qwen2_5OmniThinkerForConditionalGeneration, "qwen3_omni_moe": MoEThinker}
 AUDIO_TOKEN_RULE = {"qwen2_5_omni": "qwen2_5_omni", "qwen3_omni_moe": "qwen3_omni"}
 _announced: set[str] = set()  # checkpoint directories whose skipped parts were logged (once per process)
-
-
 
 
 def mrope_sections(head_dim: int) -> list[int]:
@@ -210,7 +206,8 @@ def load_processor(d: CheckpointDir, config: Any) -> OmniProcessor:
 
 
 def _load_dtype(cfg: PolicyConfig, d: CheckpointDir) -> torch.dtype:
-    """``model.dtype``, or for ``auto`` the checkpoint's (as :func:`checkpoint_dtype` decides it; float64 -> float32)."""
+    """``model.dtype``, or for ``auto`` the checkpoint's (as
+    :func:`~relax_gym.trainer.policy.checkpoint_files.checkpoint_dtype` decides it; float64 -> float32)."""
     stored = d.config_dtype or d.weights_dtype or "float32"
     if cfg.dtype == "auto":
         return DTYPES.get(stored, torch.float32)

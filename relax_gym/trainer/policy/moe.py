@@ -50,5 +50,3 @@ def moe_thinker_config(cfg: Any, processor: Any, rope_sections: list[int]) -> Qw
         initializer_range=cfg.init_range,
         tie_word_embeddings=cfg.tie_embeddings,
     )
-
-
