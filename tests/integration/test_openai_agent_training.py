@@ -1,5 +1,5 @@
 """recipes/cpu-openai-agent.yaml end to end: a black-box agent on the official openai client, inside a docker or
-bubblewrap sandbox with no network, trained for 2 steps in colocate and async modes.
+bubblewrap sandbox with no network, trained for 2 steps in colocate mode and 1 in async mode.
 
 Checked: the runs reach their last step with no masked episode; the warm-up played the gold replies through the
 real program; every sandbox showed only ``lo``; and (colocate, in process) every sequence the actor trained on is
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow(reason="trains a sandbox
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu-openai-agent.yaml"
 P, G, STEPS = 2, 2, 2
-TINY = [f"trainer.steps={STEPS}", "trainer.sft_warmup_steps=1", "trainer.sft_batch_size=2", f"trainer.prompts_per_step={P}",
+TINY = ["trainer.sft_warmup_steps=1", "trainer.sft_batch_size=2", f"trainer.prompts_per_step={P}",
         f"trainer.group_size={G}", "trainer.eval_episodes=2", "trainer.eval_every=2", "inference.max_new_tokens=24",
         "metrics.tensorboard=false", "trainer.time_budget_s=null",
         # a hang guard, not a speed bound: on a busy machine a program's turns (container start, the SDK's import,
@@ -50,17 +50,17 @@ def no_sandbox_left():
             assert not backend.live(), f"{name} sandboxes left alive"
 
 
-def _train(run_dir: Path, *overrides: str) -> list[dict]:
-    result = CliRunner().invoke(app, ["train", str(RECIPE), *TINY, *overrides, "--run-dir", str(run_dir)])
+def _train(run_dir: Path, *overrides: str, steps: int = STEPS) -> list[dict]:
+    result = CliRunner().invoke(app, ["train", str(RECIPE), *TINY, f"trainer.steps={steps}", *overrides, "--run-dir", str(run_dir)])
     assert result.exit_code == 0, result.output + repr(result.exception)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if r["step"] >= 1]
-    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
-    assert all(r.get("episodes_masked", 0) == 0 and r.get("status_env_error", 0) == 0 for r in steps), steps
-    assert all(r["agent_segments_mean"] == 1.0 and r["agent_untrained_tokens"] == 0 for r in steps)
+    trained = [r for r in rows if r["step"] >= 1]
+    assert [r["step"] for r in trained] == list(range(1, steps + 1))
+    assert all(r.get("episodes_masked", 0) == 0 and r.get("status_env_error", 0) == 0 for r in trained), trained
+    assert all(r["agent_segments_mean"] == 1.0 and r["agent_untrained_tokens"] == 0 for r in trained)
     assert [r["step"] for r in rows if r["step"] < 0] == [-1], "the warm-up step (gold replies through the program)"
     assert "eval_reward" in rows[-1]
-    return steps
+    return trained
 
 
 @pytest.mark.parametrize("backend", ["docker", "bwrap"])
@@ -99,7 +99,7 @@ def test_colocate_trains_on_exactly_the_recorded_tokens(tmp_path, monkeypatch, b
 
 
 def test_async_mode_trains_the_agent_in_docker_and_leaves_no_container(ray_session, tmp_path):
-    """Async, two env-worker replicas, one killed at step 1 with ``ray.kill`` (forced: no ``__del__``, no atexit;
+    """Async, one step (the agent's colocate runs above train two), two env-worker replicas, one killed at step 1 with ``ray.kill`` (forced: no ``__del__``, no atexit;
     its containers are orphans). The replacement's pool reaps containers whose owner died when it starts (the
     "next start"), and at the run's end every replica stops gracefully, its ``__del__`` closing its envs and sandbox
     pool. Counted with the Docker API by our label: none of the run's containers is left when ``relax-gym train``
@@ -110,7 +110,7 @@ def test_async_mode_trains_the_agent_in_docker_and_leaves_no_container(ray_sessi
     run_dir = tmp_path / "run"
     _train(run_dir, "env.kwargs.backend=docker", "trainer.mode=async", "trainer.max_staleness=1",
            "roles.env_worker.replicas=2", "roles.health_check_period_s=2",
-           "faults.inject=[{kind: kill, role: env_worker, at_step: 1}]")
+           "faults.inject=[{kind: kill, role: env_worker, at_step: 1}]", steps=1)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["faults_injected"] == {"kill": 1, "kill:env_worker": 1}
     assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
