@@ -13,8 +13,8 @@ loads and whose carry state the new feeder resumes from (a restart reads a check
 step 5's rollout starts once step 3 was trained, after checkpoint 2 was written; whether checkpoint 4 was written
 before it races the rollout, so the restart is from step 2 or 4. The exact orderings (a kill mid-group, carry
 discards, staleness at S = 0 and 2) are replayed on the virtual clock in tests/trainer/plan/test_controller_replay.py;
-``--resume`` of an async run is run by the real-width training test of tests/integration/, and a fault is not fired again
-after a resume (tests/trainer/test_faults.py).
+``--resume`` of an async run is run by the real-width training test of tests/integration/, and a fault is not fired
+again after a resume (tests/trainer/test_faults.py).
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def test_sleep_past_timeout(backend, spec):
 def test_infinite_loop(backend, spec):
     async def body(box):
         r = await box.exec("python3 -c 'while True: pass'", timeout=2)
-        assert r.timed_out and r.duration < 10
+        assert r.timed_out and r.duration >= 1.8  # stopped at its 2 s deadline, not well before (no upper bound: load)
 
     in_box(backend, spec, body)
 
