@@ -7,8 +7,8 @@ exceeded; a test that bets on either fails for reasons that are not bugs. Two sc
   loop is a poll interval (the loop re-checks its condition) or pacing; sleeps inside a test that runs its
   coroutine on the virtual clock (it calls ``run_on_virtual_clock`` or ``run_virtual``) are simulated time.
 - an elapsed time (a difference of ``time.monotonic()``, ``time.time()`` or ``time.perf_counter()`` readings, a
-  name bound to one, or an attribute that holds one: ``.duration``, ``.elapsed``, ``.elapsed_s``) held under a bound: ``elapsed < x``, ``x > elapsed``. A lower bound (``elapsed >= x``) is fine:
-  slowness cannot break it.
+  name bound to one, or an attribute that holds one: ``.duration``, ``.elapsed``, ``.elapsed_s``) held under a
+  bound: ``elapsed < x``, ``x > elapsed``. A lower bound (``elapsed >= x``) is fine: slowness cannot break it.
 
 What remains is listed below with its reason, per (module, top-level function or class).
 """

@@ -51,7 +51,8 @@ def no_sandbox_left():
 
 
 def _train(run_dir: Path, *overrides: str, steps: int = STEPS) -> list[dict]:
-    result = CliRunner().invoke(app, ["train", str(RECIPE), *TINY, f"trainer.steps={steps}", *overrides, "--run-dir", str(run_dir)])
+    args = ["train", str(RECIPE), *TINY, f"trainer.steps={steps}", *overrides, "--run-dir", str(run_dir)]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if r["step"] >= 1]
@@ -99,11 +100,11 @@ def test_colocate_trains_on_exactly_the_recorded_tokens(tmp_path, monkeypatch, b
 
 
 def test_async_mode_trains_the_agent_in_docker_and_leaves_no_container(ray_session, tmp_path):
-    """Async, one step (the agent's colocate runs above train two), two env-worker replicas, one killed at step 1 with ``ray.kill`` (forced: no ``__del__``, no atexit;
-    its containers are orphans). The replacement's pool reaps containers whose owner died when it starts (the
-    "next start"), and at the run's end every replica stops gracefully, its ``__del__`` closing its envs and sandbox
-    pool. Counted with the Docker API by our label: none of the run's containers is left when ``relax-gym train``
-    returns, with no ``relax-gym sandbox gc``."""
+    """Async, one step (the agent's colocate runs above train two), two env-worker replicas, one killed at step 1
+    with ``ray.kill`` (forced: no ``__del__``, no atexit; its containers are orphans). The replacement's pool reaps
+    containers whose owner died when it starts (the "next start"), and at the run's end every replica stops
+    gracefully, its ``__del__`` closing its envs and sandbox pool. Counted with the Docker API by our label: none of
+    the run's containers is left when ``relax-gym train`` returns, with no ``relax-gym sandbox gc``."""
     _need("docker")
     docker = get_backend("docker")
     before, since = set(docker.every()), int(time.time()) - 1
