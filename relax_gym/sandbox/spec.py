@@ -7,7 +7,8 @@ import posixpath
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-DEFAULT_IMAGE = "relax-gym/sandbox-base:1"
+# the number changes with what the image holds (2: the stdlib's bytecode too), so an older local build is not reused
+DEFAULT_IMAGE = "relax-gym/sandbox-base:2"
 
 # A mount may not land on (or under) these: they hold the sandbox's own system, devices and scratch space.
 SYSTEM_DIRS = ("/usr", "/proc", "/dev", "/etc", "/bin", "/sbin", "/sys", "/tmp", "/lib", "/lib32", "/lib64", "/libx32")
