@@ -45,6 +45,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import av
+from av.video.reformatter import VideoReformatter
 import numpy as np
 import soundfile as sf
 from PIL import Image, ImageDraw
@@ -183,9 +184,12 @@ def _write_frames(
         astream = container.add_stream("aac", rate=_AUDIO_SR)
         astream.layout = "mono"
         astream.codec_context.thread_count = 1
+    # one converter for the whole clip: VideoFrame.reformat makes a new swscale context for every frame (0.47 ms a
+    # 64x64 frame, against 0.08 ms reusing one; the same pixels)
+    to_yuv = VideoReformatter()
     try:
         for i, rgb in enumerate(frames):
-            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
+            frame = to_yuv.reformat(av.VideoFrame.from_ndarray(rgb, format="rgb24"), format="yuv420p")
             frame.pts = i
             for packet in vstream.encode(frame):
                 container.mux(packet)
