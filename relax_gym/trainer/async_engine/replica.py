@@ -54,8 +54,7 @@ def retries_within(wait_s: float, first_s: float = 0.2, cap_s: float = 5.0) -> i
 
 def build_processor_only(model_cfg: Any) -> Any:
     """The policy's processor (tokenizer, media encoders) without the model's weights."""
-    from relax_gym.trainer.policy.model import build_processor
-    from relax_gym.trainer.policy.processor import OmniProcessor
+    from relax_gym.trainer.policy.processor import OmniProcessor, build_processor
 
     if model_cfg.path is not None:
         return OmniProcessor.from_pretrained(model_cfg.path)

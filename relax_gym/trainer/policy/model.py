@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration, WhisperFeatureExtractor
+from transformers import GenerationConfig, Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration
 
 from relax_gym.trainer.policy.checkpoint_files import (
     PREPROCESSOR_FILE,
@@ -46,9 +46,8 @@ from relax_gym.trainer.policy.checkpoint_files import (
 )
 from relax_gym.trainer.policy.config import DTYPES, PolicyConfig
 from relax_gym.trainer.policy.moe import MoEThinker, moe_thinker_config
-from relax_gym.trainer.policy.processor import VIDEO_PREPROCESSOR_CONFIG, OmniProcessor
+from relax_gym.trainer.policy.processor import VIDEO_PREPROCESSOR_CONFIG, OmniProcessor, build_processor
 from relax_gym.trainer.policy.tiny_sizes import audio_sizes, text_sizes, vision_sizes
-from relax_gym.trainer.policy.tokenizer import build_tokenizer
 
 __all__ = ["CheckpointDirError", "PolicyConfig", "build_policy", "load_processor", "mrope_sections", "save_policy", "thinker_config"]
 
@@ -108,23 +107,6 @@ def _generation_config(processor: OmniProcessor) -> GenerationConfig:
         top_k=0,
         top_p=1.0,
         max_new_tokens=64,
-    )
-
-
-def build_processor(cfg: PolicyConfig) -> OmniProcessor:
-    tokenizer = build_tokenizer(cfg.vocab_size)
-    audio_rule = "qwen3_omni" if cfg.family == "qwen3_omni_moe" else "qwen2_5_omni"
-    return OmniProcessor(
-        tokenizer,
-        patch_size=cfg.patch_size,
-        temporal_patch_size=cfg.temporal_patch_size,
-        merge_size=cfg.spatial_merge_size,
-        min_pixels=cfg.min_pixels,
-        max_pixels=cfg.max_pixels,
-        video_min_pixels=cfg.min_pixels,
-        video_max_pixels=cfg.video_max_pixels,
-        feature_extractor=WhisperFeatureExtractor(feature_size=128, chunk_length=cfg.audio_chunk_seconds),
-        audio_token_rule=audio_rule,
     )
 
 

@@ -46,9 +46,9 @@ from transformers import AutoTokenizer, BatchFeature, PreTrainedTokenizerBase, W
 from relax_gym.omni.decode import DecodedAudio, DecodedVideo, resize_frames
 from relax_gym.omni.render import concat_media
 from relax_gym.omni.cache import LRUCache, array_key
-from relax_gym.trainer.policy.tokenizer import MEDIA_TOKENS
+from relax_gym.trainer.policy.tokenizer import MEDIA_TOKENS, build_tokenizer
 
-__all__ = ["MEDIA_KEYS", "MediaEncoding", "OmniProcessor", "smart_resize"]
+__all__ = ["MEDIA_KEYS", "MediaEncoding", "OmniProcessor", "build_processor", "smart_resize"]
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -631,6 +631,26 @@ def qwen3_omni_audio_token_count(frames: int) -> int:
 
 #: The media encode cache's memory budget per processor (every role process holds one processor).
 MEDIA_CACHE_BYTES = 512 * 2**20
+
+
+def build_processor(cfg: Any) -> OmniProcessor:
+    """The tiny policy's processor for ``cfg`` (a :class:`~relax_gym.trainer.policy.config.PolicyConfig`): the
+    tokenizer trained in code and the media encoders at its sizes. Here, not beside the model, so a role that only
+    renders prompts (an env worker) does not import transformers' modelling code (~2.4 s of CPU a process)."""
+    tokenizer = build_tokenizer(cfg.vocab_size)
+    audio_rule = "qwen3_omni" if cfg.family == "qwen3_omni_moe" else "qwen2_5_omni"
+    return OmniProcessor(
+        tokenizer,
+        patch_size=cfg.patch_size,
+        temporal_patch_size=cfg.temporal_patch_size,
+        merge_size=cfg.spatial_merge_size,
+        min_pixels=cfg.min_pixels,
+        max_pixels=cfg.max_pixels,
+        video_min_pixels=cfg.min_pixels,
+        video_max_pixels=cfg.video_max_pixels,
+        feature_extractor=WhisperFeatureExtractor(feature_size=128, chunk_length=cfg.audio_chunk_seconds),
+        audio_token_rule=audio_rule,
+    )
 
 
 def _encoding_bytes(encoding: MediaEncoding) -> int:
