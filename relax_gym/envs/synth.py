@@ -45,9 +45,9 @@ from fractions import Fraction
 from pathlib import Path
 
 import av
-from av.video.reformatter import VideoReformatter
 import numpy as np
 import soundfile as sf
+from av.video.reformatter import VideoReformatter
 from PIL import Image, ImageDraw
 
 __all__ = [

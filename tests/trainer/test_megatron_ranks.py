@@ -45,9 +45,14 @@ def _one_process(cfg: RelaxConfig) -> MegatronActor:
                          micro_batch_size=cfg.actor.micro_batch_size)
 
 
-def _max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+def _gaps(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Every element's absolute difference between two state dicts with the same names, flat."""
     assert a.keys() == b.keys()
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    return torch.cat([(a[k].float() - b[k].float()).abs().flatten() for k in a])
+
+
+def _max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return float(_gaps(a, b).max())
 
 
 def _assert_first_adamw_steps_agree(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], lr: float) -> None:
@@ -56,8 +61,7 @@ def _assert_first_adamw_steps_agree(a: dict[str, torch.Tensor], b: dict[str, tor
     gradient is at the float noise floor (|g| ~ eps = 1e-8), the 1e-9 that another summation order makes (dp2 adds
     its ranks' gradients after the micro-batches, one process adds them in turn) moves that element by up to 2 lr;
     seen at dp2: one element of 32,768 in a gate projection, 1.16e-4 apart, every other within 3e-5."""
-    assert a.keys() == b.keys()
-    gaps = torch.cat([(a[k].float() - b[k].float()).abs().flatten() for k in a])
+    gaps = _gaps(a, b)
     off = int((gaps > TOLERANCE).sum())
     assert off <= gaps.numel() // 100_000, f"{off} of {gaps.numel()} weights differ by more than {TOLERANCE}"
     assert float(gaps.max()) <= 2 * lr
