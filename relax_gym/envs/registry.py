@@ -38,6 +38,7 @@ from typing import Any
 import gymnasium
 
 from relax_gym.envs.env_ids import NAMESPACE, REMOTE_PREFIX
+from relax_gym.envs.interop.frameworks import split_foreign_id
 from relax_gym.envs.manifest import (
     MANIFEST_NAME,
     EnvManifest,
@@ -180,11 +181,18 @@ def register_manifest(path: Path, *, override: bool = False, in_process: bool = 
 
 def make(id: str, **kwargs: Any) -> gymnasium.Env:
     """``gymnasium.make("relax/<id>", **kwargs)``: kwargs override the registered ones.
-    ``make("remote:http://HOST:PORT/ID", **kwargs)``: a client of the env served there (docs/env-servers.md)."""
+    ``make("remote:http://HOST:PORT/ID", **kwargs)``: a client of the env served there (docs/env-servers.md).
+    ``make("gem:ID")``, ``make("skyrl-gym:ID", data_file=...)``: another framework's env, run in its own venv
+    (docs/interop.md)."""
     if id.startswith(REMOTE_PREFIX):
         from relax_gym.envs.remote.client import make_remote
 
         return make_remote(id, **kwargs)
+    foreign = split_foreign_id(id)
+    if foreign is not None:  # another framework's env, served from its own venv (docs/interop.md)
+        from relax_gym.envs.interop.serve import make_foreign
+
+        return make_foreign(*foreign, **kwargs)
     return gymnasium.make(spec(id).gym_id, **kwargs)
 
 

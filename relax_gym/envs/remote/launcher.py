@@ -173,13 +173,14 @@ def _start(path: Path, m: EnvManifest, kwargs: dict[str, Any]) -> ServerProcess:
             shutil.rmtree(workdir, ignore_errors=True)
             why = (f"exited with status {code}" if code is not None
                    else f"was not ready after {m.server.startup_timeout_s:.0f} s ([server] startup_timeout_s)")
-            raise ServerStartError(f"the env server of {path} ({python}) {why}; its log: {log_path}\n{_tail(log_path)}")
+            raise ServerStartError(f"the env server of {path} ({python}) {why}; its log: {log_path}\n{log_tail(log_path)}")
         time.sleep(0.02)
     url = json.loads(ready.read_text())["url"]
     return ServerProcess(m.id, path, kwargs, python, process, url, token, log_path, workdir, os.getpid())
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` of a log file, indented for an error message ("" when it cannot be read)."""
     try:
         text = path.read_text(errors="replace").splitlines()
     except OSError:

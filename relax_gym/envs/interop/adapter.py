@@ -1,0 +1,107 @@
+"""What every adapter of a foreign framework shares: calling into the foreign env with a deadline, and turning what
+goes wrong there into one error that names the framework, the env and the call.
+
+An adapter is an :class:`~relax_gym.envs.core.AgentEnv` that runs inside the framework's venv (the env server's
+process there). A foreign call that raises, returns something of the wrong shape, or does not return within
+``call_timeout_s`` raises :class:`ForeignEnvError`; in a step the env contract turns it into an ``env_error``
+status (the trainer masks the episode), in a reset the server answers 500 with its text. A call that timed out
+leaves its thread behind (Python cannot stop it): the foreign env is then dropped and the next reset makes a new
+one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import string
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from relax_gym.envs.core import AgentEnv
+
+T = TypeVar("T")
+
+
+class ForeignEnvError(RuntimeError):
+    """A foreign env's call failed: the message starts with the framework, the env id and the call."""
+
+
+class ForeignAgentEnv(AgentEnv):
+    """Base of the adapters. Subclasses set ``framework_title`` and call :meth:`_call` for every foreign call."""
+
+    framework_title = "?"
+    media_kinds = ("image", "video", "audio")
+
+    def __init__(self, env_id: str, *, call_timeout_s: float = 300.0, imports: list[str] | tuple[str, ...] = (),
+                 **kwargs: Any) -> None:
+        """``imports``: modules to import first (in the framework's venv), e.g. the user's package that registers its
+        own envs with the framework."""
+        super().__init__(**kwargs)
+        if call_timeout_s <= 0:
+            raise ValueError(f"call_timeout_s must be > 0, got {call_timeout_s}")
+        self.env_id = env_id
+        self.call_timeout_s = float(call_timeout_s)
+        self._stuck = False  # a call timed out: the foreign env may be mid-call forever
+        for module in imports:
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                raise ForeignEnvError(f"{self._where('import')} of {module!r} (imports=) failed: "
+                                      f"{type(exc).__name__}: {exc}") from exc
+
+    def _where(self, call: str) -> str:
+        return f"{self.framework_title} {self.env_id}: {call}"
+
+    def _call(self, call: str, fn: Callable[[], T]) -> T:
+        """``fn()`` in a worker thread, within ``call_timeout_s``; any failure as :class:`ForeignEnvError`."""
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller below, whatever it is
+                box["error"] = exc
+
+        worker = threading.Thread(target=run, name=f"{self.framework_title}-{call}", daemon=True)
+        worker.start()
+        worker.join(self.call_timeout_s)
+        if worker.is_alive():
+            self._stuck = True
+            raise ForeignEnvError(f"{self._where(call)} did not return within {self.call_timeout_s:g} s (call_timeout_s)")
+        if "error" in box:
+            exc = box["error"]
+            raise ForeignEnvError(f"{self._where(call)} raised {type(exc).__name__}: {exc}") from exc
+        return box["value"]
+
+    def _malformed(self, call: str, what: str) -> ForeignEnvError:
+        return ForeignEnvError(f"{self._where(call)} returned {what}")
+
+    def _reward(self, call: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+            raise self._malformed(call, f"a reward of {value!r} ({type(value).__name__}), not a finite number")
+        return float(value)
+
+
+def fill_gold(template: str | None, fields: dict[str, Any], *, where: str) -> str:
+    """A gold action from a ``str.format`` template over ``fields`` (the foreign task's own names); "" without a
+    template. A field the template names but the task lacks is a configuration error, raised naming both."""
+    if not template:
+        return ""
+    names = {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(template) if name}
+    missing = sorted(names - set(fields))
+    if missing:
+        raise ValueError(f"{where}: the gold template {template!r} names {', '.join(missing)}, which the task lacks "
+                         f"(it has {', '.join(sorted(fields)) or 'nothing'})")
+    return template.format(**fields)
+
+
+def plain_json(value: Any) -> Any:
+    """A foreign ``info`` / metadata as JSON: dicts, lists, strings, numbers and None kept; anything else as its repr."""
+    if isinstance(value, dict):
+        return {str(k): plain_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_json(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)

@@ -1,0 +1,46 @@
+"""A foreign env as seen from the trainer: its adapter's env server, started in the framework's venv, and a client.
+
+:func:`make_foreign` writes a manifest for the framework (``[server] python`` = its venv's interpreter; the entry
+point its adapter) under ``$RELAX_GYM_CACHE/interop/manifests`` and hands it to
+:func:`~relax_gym.envs.remote.launcher.served_env`: the first make in a process starts the server there (the
+foreign id and the env kwargs are its constructor kwargs, fixed at startup), later makes with the same kwargs share
+it, and it stops with this process. What goes wrong inside a foreign env comes back as the env contract's
+``env_error`` status, its text naming the framework, the env and the call (:mod:`.adapter`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from relax_gym.envs.interop.frameworks import Framework
+from relax_gym.envs.interop.venvs import cache_root, framework_python
+from relax_gym.envs.remote.client import RemoteEnv
+from relax_gym.envs.remote.launcher import served_env
+
+
+def manifest_for(fw: Framework, python: Path) -> Path:
+    """The manifest that serves ``fw``'s adapter with ``python`` (written once per interpreter)."""
+    text = (f"# written by relax-gym for {fw.title} envs ({', '.join(fw.requirements)}): their adapter, served from\n"
+            f"# the framework's venv\n"
+            f"id = {json.dumps(fw.scheme)}\n"
+            f"description = {json.dumps(f'{fw.title} envs, run in their own venv')}\n"
+            f"entry_point = {json.dumps(fw.adapter)}\n\n"
+            f"[server]\npython = {json.dumps(str(python))}\nstartup_timeout_s = 300\n")
+    folder = cache_root() / "manifests" / f"{fw.scheme}-{hashlib.sha256(str(python).encode()).hexdigest()[:12]}"
+    path = folder / "env.toml"
+    if not path.is_file() or path.read_text() != text:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return path
+
+
+def make_foreign(fw: Framework, foreign_id: str, *, venv: str | None = None, **kwargs: Any) -> RemoteEnv:
+    """``fw``'s env ``foreign_id`` with ``kwargs`` (the adapter's), served from ``fw``'s venv (``venv``: the user's
+    own instead of the one made here)."""
+    python = framework_python(fw, venv)
+    return served_env(relax_manifest=str(manifest_for(fw, python)), env_id=foreign_id, **kwargs)
