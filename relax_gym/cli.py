@@ -242,6 +242,29 @@ def envs_play(
         env.close()  # its sandboxes go with it
 
 
+@envs_app.command("prepare")
+def envs_prepare(
+    frameworks: Annotated[list[str] | None, typer.Argument(help="framework schemes (gem, skyrl-gym); all when omitted",
+                                                           show_default=False)] = None,
+) -> None:
+    """Make the venv each foreign env framework runs in (pip, from the package index; kept in the cache), as the
+    first make of one of its envs would (docs/interop.md)."""
+    from relax_gym.envs.interop.frameworks import FRAMEWORKS, UnknownFrameworkError, framework
+    from relax_gym.envs.interop.venvs import FrameworkVenvError, ensure_venv
+
+    try:
+        chosen = [framework(name) for name in (frameworks or sorted(FRAMEWORKS))]
+    except UnknownFrameworkError as exc:
+        raise _fail(str(exc), 2) from None
+    for fw in chosen:
+        console.print(f"{fw.scheme}: {', '.join(fw.requirements)} ...")
+        try:
+            python = ensure_venv(fw)
+        except FrameworkVenvError as exc:
+            raise _fail(str(exc), 1) from None
+        console.print(f"ok   {fw.scheme}: {python.parent.parent}")
+
+
 @envs_app.command("serve")
 def envs_serve(
     env_id: str,

@@ -13,7 +13,7 @@ import relax_gym
 from relax_gym.envs import check_env
 from relax_gym.envs.remote import RemoteEnv
 
-from .conftest import train_three_steps
+from .training import train_three_steps
 
 GUESS = "gem:game:GuessTheNumber-v0-easy"  # 1..10 in at most 4 guesses
 

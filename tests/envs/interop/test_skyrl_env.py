@@ -16,7 +16,7 @@ import relax_gym
 from relax_gym.envs import check_env
 from relax_gym.envs.remote import RemoteEnv, ServerStartError
 
-from .conftest import train_three_steps
+from .training import train_three_steps
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 QUESTIONS = [(f"Tom has {a} apples and buys {b} more. How many apples does he have?", str(a + b))
