@@ -16,7 +16,9 @@ from relax_gym.cli import app
 # trains it for 3 steps in each mode and on both sandbox backends, with more checks than this smoke run.
 # cpu-nextqa-describe needs its judge model (built in minutes): tests/integration/test_judge_training.py trains it for 3
 # steps in each mode with a small judge built in the test.
-ELSEWHERE = {"cpu-openai-agent.yaml", "cpu-nextqa-describe.yaml"}
+# cpu-gem-guess pays GEM's rewards (-0.1 for a reply without a guess: below this test's [0, 1] eval bound) from GEM's
+# venv: tests/envs/interop/test_gem_env.py trains it for 3 steps.
+ELSEWHERE = {"cpu-openai-agent.yaml", "cpu-nextqa-describe.yaml", "cpu-gem-guess.yaml"}
 RECIPES = sorted(p for p in (Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml")
                  if not p.name.startswith("gpu-") and p.name not in ELSEWHERE)
 SMALL = ["model.base=null", "trainer.steps=3", "trainer.sft_warmup_steps=2", "trainer.sft_batch_size=4", "trainer.prompts_per_step=2",

@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib
 import math
 import string
-import threading
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -43,6 +44,7 @@ class ForeignAgentEnv(AgentEnv):
         self.env_id = env_id
         self.call_timeout_s = float(call_timeout_s)
         self._stuck = False  # a call timed out: the foreign env may be mid-call forever
+        self._worker: ThreadPoolExecutor | None = None  # the thread foreign calls run on
         for module in imports:
             try:
                 importlib.import_module(module)
@@ -50,29 +52,30 @@ class ForeignAgentEnv(AgentEnv):
                 raise ForeignEnvError(f"{self._where('import')} of {module!r} (imports=) failed: "
                                       f"{type(exc).__name__}: {exc}") from exc
 
+    def close(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.shutdown(wait=not self._stuck)
+        super().close()
+
     def _where(self, call: str) -> str:
         return f"{self.framework_title} {self.env_id}: {call}"
 
     def _call(self, call: str, fn: Callable[[], T]) -> T:
-        """``fn()`` in a worker thread, within ``call_timeout_s``; any failure as :class:`ForeignEnvError`."""
-        box: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                box["value"] = fn()
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller below, whatever it is
-                box["error"] = exc
-
-        worker = threading.Thread(target=run, name=f"{self.framework_title}-{call}", daemon=True)
-        worker.start()
-        worker.join(self.call_timeout_s)
-        if worker.is_alive():
+        """``fn()`` on this env's worker thread, within ``call_timeout_s``; any failure as :class:`ForeignEnvError`.
+        A call that does not return keeps its thread: the next call gets a new one."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.framework_title}-env")
+        future = self._worker.submit(fn)
+        try:
+            return future.result(timeout=self.call_timeout_s)
+        except FutureTimeout:
             self._stuck = True
-            raise ForeignEnvError(f"{self._where(call)} did not return within {self.call_timeout_s:g} s (call_timeout_s)")
-        if "error" in box:
-            exc = box["error"]
+            self._worker.shutdown(wait=False, cancel_futures=True)
+            self._worker = None
+            raise ForeignEnvError(f"{self._where(call)} did not return within {self.call_timeout_s:g} s (call_timeout_s)") from None
+        except Exception as exc:
             raise ForeignEnvError(f"{self._where(call)} raised {type(exc).__name__}: {exc}") from exc
-        return box["value"]
 
     def _malformed(self, call: str, what: str) -> ForeignEnvError:
         return ForeignEnvError(f"{self._where(call)} returned {what}")

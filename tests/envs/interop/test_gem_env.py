@@ -1,5 +1,6 @@
 """GEM's own Guess The Number (``pip install gem-llm``, in the venv relax-gym made for it) as a relax-gym env: it
-passes check_env, plays multi-turn episodes with GEM's per-step rewards, trains three colocate steps, and a GEM env
+passes check_env, plays multi-turn episodes with GEM's per-step rewards, trains three colocate steps
+(recipes/cpu-gem-guess.yaml, made small), and a GEM env
 that raises, hangs or answers malformed output ends its episode with an ``env_error`` naming GEM, the env and the
 call, never the run. The trainer's venv cannot import gem: every GEM call runs in the other venv's server."""
 
@@ -13,7 +14,7 @@ import relax_gym
 from relax_gym.envs import check_env
 from relax_gym.envs.remote import RemoteEnv
 
-from .training import train_three_steps
+from .training import GEM_RECIPE, train_three_steps
 
 GUESS = "gem:game:GuessTheNumber-v0-easy"  # 1..10 in at most 4 guesses
 
@@ -42,8 +43,8 @@ def test_guess_the_number_passes_check_env_and_plays_by_gems_rules(gem_python, s
     env.close()
 
 
-def test_three_colocate_steps_on_guess_the_number(gem_python, servers, tmp_path):
-    steps = train_three_steps(tmp_path, {"id": GUESS})
+def test_the_recipe_trains_three_colocate_steps(gem_python, servers, tmp_path):
+    steps = train_three_steps(tmp_path, GEM_RECIPE)
     assert all(-0.1 * 4 <= r["reward_mean"] <= 1.0 for r in steps), steps  # four turns at most, GEM's rewards
 
 

@@ -16,7 +16,7 @@ import relax_gym
 from relax_gym.envs import check_env
 from relax_gym.envs.remote import RemoteEnv, ServerStartError
 
-from .training import train_three_steps
+from .training import train_three_steps, write_recipe
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 QUESTIONS = [(f"Tom has {a} apples and buys {b} more. How many apples does he have?", str(a + b))
@@ -65,7 +65,7 @@ def test_gsm8k_passes_check_env_and_scores_by_skyrls_rule(tasks, servers):
 
 
 def test_three_colocate_steps_on_gsm8k(tasks, servers, tmp_path):
-    steps = train_three_steps(tmp_path, {"id": "skyrl-gym:gsm8k", "kwargs": {"data_file": str(tasks)}})
+    steps = train_three_steps(tmp_path, write_recipe(tmp_path, {"id": "skyrl-gym:gsm8k", "kwargs": {"data_file": str(tasks)}}))
     assert all(r["status_ok"] == 4 for r in steps), steps
 
 

@@ -1,0 +1,160 @@
+"""Foreign env overhead: what an episode of a GEM or skyrl-gym env costs through relax-gym, against the framework
+called directly, per episode.
+
+Three ways, the same episodes (same seeds / tasks, same actions), each played in rounds in turn so load swings hit
+all three:
+
+- ``raw``: the framework's own calls in its venv (GEM: ``gem.make`` once, ``reset(seed)``, a wrong guess, the
+  right one; skyrl-gym: ``skyrl_gym.make("gsm8k", extras=row)``, ``init(prompt)``, ``step(answer)`` per task);
+- ``adapter``: relax-gym's adapter (``GemEnv`` / ``SkyRLGymEnv``) in that same venv, in-process: what the
+  translation (messages, gold, the call deadline's thread) adds;
+- ``served``: ``relax_gym.make("gem:...")`` from this process: the adapter behind its env server in the
+  framework's venv, what a trainer sees.
+
+Prints the medians (ms per episode), served / raw, and the overhead per episode (served - raw). The venvs are made
+(or found) first (``relax-gym envs prepare``), outside the timing.
+
+Run: `python benchmarks/foreign_env.py [--episodes N]`; ``run(quick)`` returns the figures as a dict (quick: fewer
+episodes, one round)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+import relax_gym
+from relax_gym.envs.interop.frameworks import FRAMEWORKS
+from relax_gym.envs.interop.venvs import ensure_venv
+from relax_gym.envs.remote import launcher
+
+ROOT = str(Path(relax_gym.__file__).resolve().parent.parent)
+GUESS = "game:GuessTheNumber-v0-easy"
+TASKS = [{"prompt": [{"role": "user", "content": f"What is {a} + {b}? Answer after ####."}], "env_class": "gsm8k",
+          "reward_spec": {"method": "rule", "ground_truth": str(a + b)}} for a, b in [(3, 4), (10, 20), (7, 8), (1, 1)]]
+
+# runs in the framework's venv: argv[1] is a JSON request, stdout one JSON line of per-episode milliseconds
+IN_VENV = r"""
+import json, sys, time
+request = json.loads(sys.argv[1])
+sys.path.append(request["root"])
+n, scheme, how = request["episodes"], request["scheme"], request["how"]
+times = []
+if scheme == "gem":
+    if how == "raw":
+        import gem
+        env = gem.make(request["id"])
+        def episode(seed):
+            env.reset(seed=seed)
+            wrong = 1 if env.game_number != 1 else 2
+            env.step("\\boxed{%d}" % wrong)
+            env.step("\\boxed{%d}" % env.game_number)
+    else:
+        from relax_gym.envs.interop.gem_env import GemEnv
+        env = GemEnv(request["id"])
+        def episode(seed):
+            _, info = env.reset(seed=seed)
+            secret = int(info["gold"][len("\\boxed{"):-1])
+            env.step("\\boxed{%d}" % (1 if secret != 1 else 2))
+            env.step(info["gold"])
+else:
+    tasks = [json.loads(line) for line in open(request["data_file"])]
+    if how == "raw":
+        import skyrl_gym
+        from omegaconf import OmegaConf
+        config = OmegaConf.create({})
+        def episode(seed):
+            row = tasks[seed % len(tasks)]
+            env = skyrl_gym.make("gsm8k", env_config=config, extras={"reward_spec": row["reward_spec"]})
+            env.init(row["prompt"])
+            env.step("#### " + row["reward_spec"]["ground_truth"])
+            env.close()
+    else:
+        from relax_gym.envs.interop.skyrl_env import SkyRLGymEnv
+        env = SkyRLGymEnv("gsm8k", data_file=request["data_file"], pick="cycle")
+        def episode(seed):
+            _, info = env.reset(seed=seed)
+            env.step(info["gold"])
+for seed in range(n):
+    t0 = time.perf_counter()
+    episode(seed)
+    times.append((time.perf_counter() - t0) * 1e3)
+print(json.dumps(times))
+"""
+
+
+def in_venv(python: Path, scheme: str, how: str, episodes: int, data_file: str) -> list[float]:
+    request = {"root": ROOT, "scheme": scheme, "how": how, "episodes": episodes, "id": GUESS, "data_file": data_file}
+    out = subprocess.run([str(python), "-c", IN_VENV, json.dumps(request)], check=True, capture_output=True, text=True,
+                         timeout=600)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def served_episodes(env, scheme: str, episodes: int) -> list[float]:
+    times = []
+    for seed in range(episodes):
+        t0 = time.perf_counter()
+        _, info = env.reset(seed=seed)
+        if scheme == "gem":
+            secret = int(info["gold"][len("\\boxed{"):-1])
+            env.step("\\boxed{%d}" % (1 if secret != 1 else 2))
+        env.step(info["gold"])
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def run(quick: bool = False, *, episodes: int | None = None) -> dict:
+    """``{"episodes", "rounds", "cpus", "load_before", "load_after", "cases": [{"framework", "raw_ms", "adapter_ms",
+    "served_ms", "served_over_raw", "overhead_ms"}]}``; medians over ``episodes`` per way and round (default 100,
+    quick 20) and ``rounds`` rounds (3, quick 1)."""
+    episodes, rounds = episodes or (20 if quick else 100), 1 if quick else 3
+    load_before = os.getloadavg()
+    cases = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data_file = str(Path(tmp) / "tasks.jsonl")
+        Path(data_file).write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+        for scheme in ("gem", "skyrl-gym"):
+            python = ensure_venv(FRAMEWORKS[scheme])
+            kwargs = {"data_file": data_file, "pick": "cycle"} if scheme == "skyrl-gym" else {}
+            env = relax_gym.make(f"{scheme}:{GUESS if scheme == 'gem' else 'gsm8k'}", **kwargs)
+            served_episodes(env, scheme, 5)  # warm-up: the server's first session, connections
+            timings: dict[str, list[float]] = {"raw": [], "adapter": [], "served": []}
+            for _ in range(rounds):
+                timings["raw"] += in_venv(python, scheme, "raw", episodes, data_file)
+                timings["adapter"] += in_venv(python, scheme, "adapter", episodes, data_file)
+                timings["served"] += served_episodes(env, scheme, episodes)
+            env.close()
+            raw, adapter, served = (statistics.median(timings[k]) for k in ("raw", "adapter", "served"))
+            cases.append({"framework": scheme, "raw_ms": raw, "adapter_ms": adapter, "served_ms": served,
+                          "served_over_raw": served / raw, "overhead_ms": served - raw})
+        launcher.stop_all()
+    return {"episodes": episodes, "rounds": rounds, "cpus": os.cpu_count(), "load_before": load_before[0],
+            "load_after": os.getloadavg()[0], "cases": cases}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--episodes", type=int, default=100, help="episodes per way and round")
+    args = parser.parse_args()
+    result = run(episodes=args.episodes)
+    table = Table("framework", "raw (ms/episode)", "adapter in-process", "served (what the trainer sees)", "served / raw",
+                  "overhead (ms/episode)",
+                  title=f"foreign envs, {result['episodes']} episodes x {result['rounds']} rounds per way (medians)")
+    for c in result["cases"]:
+        table.add_row(c["framework"], f"{c['raw_ms']:.3f}", f"{c['adapter_ms']:.3f}", f"{c['served_ms']:.3f}",
+                      f"{c['served_over_raw']:.1f}x", f"{c['overhead_ms']:.2f}")
+    console = Console()
+    console.print(table)
+    console.print(f"{result['cpus']} CPUs, 1-min load {result['load_before']:.2f} before, {result['load_after']:.2f} after")
+
+
+if __name__ == "__main__":
+    main()
