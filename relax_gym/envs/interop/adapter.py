@@ -58,6 +58,15 @@ class ForeignAgentEnv(AgentEnv):
             worker.shutdown(wait=not self._stuck)
         super().close()
 
+    def _pick_task(self, count: int) -> int:
+        """The next task's index among ``count``: drawn with the env's seeded generator (``self.pick == "random"``,
+        so a seed picks the same task) or in turn (``"cycle"``)."""
+        if getattr(self, "pick", "random") == "random":
+            return int(self.np_random.integers(count))
+        index = getattr(self, "_next_task", 0) % count
+        self._next_task = index + 1
+        return index
+
     def _where(self, call: str) -> str:
         return f"{self.framework_title} {self.env_id}: {call}"
 

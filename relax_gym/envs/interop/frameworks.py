@@ -48,6 +48,15 @@ FRAMEWORKS: dict[str, Framework] = {
             adapter="relax_gym.envs.interop.skyrl_env:SkyRLGymEnv",
             id_help="a skyrl-gym env class, as skyrl_gym.make takes it (e.g. gsm8k); its tasks come from data_file",
         ),
+        Framework(
+            scheme="verifiers",
+            title="verifiers",
+            # 0.3.1: the last release with the classic vf.Environment stack (0.4 keeps only verifiers.v1)
+            requirements=("verifiers==0.3.1",),
+            module="verifiers",
+            adapter="relax_gym.envs.interop.verifiers_env:VerifiersEnv",
+            id_help="an environment id as vf.load_environment takes it (its module, e.g. vf-gsm8k or my_env)",
+        ),
     )
 }
 

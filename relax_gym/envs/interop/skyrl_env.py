@@ -92,7 +92,7 @@ class SkyRLGymEnv(ForeignAgentEnv):
         self._skyrl, self._config = skyrl_gym, OmegaConf.create(dict(env_config or {}))
         self.data_file = Path(data_file)
         self.tasks = read_tasks(self.data_file, env_id)
-        self.pick, self._next = pick, 0
+        self.pick = pick
         self.turn_limit = max_turns  # what a task's env may not exceed
         self.gold_template = gold if gold is not None else GOLD.get(env_id)
         self.reward_range_ = tuple(reward_bounds)
@@ -100,10 +100,7 @@ class SkyRLGymEnv(ForeignAgentEnv):
 
     def _reset(self, options: dict[str, Any]) -> Opening:
         self._close_env()
-        if self.pick == "random":
-            index = int(self.np_random.integers(len(self.tasks)))
-        else:
-            index, self._next = self._next, (self._next + 1) % len(self.tasks)
+        index = self._pick_task(len(self.tasks))
         row = self.tasks[index]
         extras = {k: v for k, v in row.items() if k not in ("prompt", "env_class")}
         self._env = self._call("make", lambda: self._skyrl.make(self.env_id, env_config=self._config, extras=extras))

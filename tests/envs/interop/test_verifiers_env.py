@@ -1,0 +1,96 @@
+"""A verifiers environment (``pip install verifiers``, in the venv relax-gym made for it), written as verifiers'
+docs write one (a module with ``load_environment`` returning a ``vf.SingleTurnEnv`` over a ``datasets.Dataset``
+and a ``vf.Rubric`` of reward functions): loaded by ``vf.load_environment``, it passes check_env with verifiers'
+own rollout and rubric scoring each episode (each reward function a component of the breakdown), trains three
+colocate steps, and a rollout whose env_response raises ends its episode as an ``env_error`` naming verifiers and the call."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import relax_gym
+from relax_gym.envs import check_env
+from relax_gym.envs.interop.frameworks import FRAMEWORKS
+from relax_gym.envs.interop.venvs import ensure_venv
+from relax_gym.envs.remote import RemoteEnv
+
+from .training import train_three_steps, write_recipe
+
+SUMS = [(3, 4), (12, 30), (7, 7), (21, 5), (40, 2), (9, 16), (11, 11), (6, 60)]
+
+ENV_MODULE = '''
+import verifiers as vf
+from datasets import Dataset
+
+
+def load_environment(fail: bool = False, **kwargs):
+    rows = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in SUMS]
+    parser = vf.Parser()
+
+    def exact_answer(completion, answer, **kwargs) -> float:
+        return 1.0 if (parser.parse_answer(completion) or "").strip() == answer else 0.0
+
+    def a_number(completion, **kwargs) -> float:
+        return 1.0 if (parser.parse_answer(completion) or "").strip().isdigit() else 0.0
+
+    rubric = vf.Rubric(funcs=[exact_answer, a_number], weights=[0.8, 0.2], parser=parser)
+    if fail:  # a two-turn env whose response to the first answer raises
+        return Broken(dataset=Dataset.from_list(rows), max_turns=2, parser=parser, rubric=rubric)
+    return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), system_prompt="Answer with the number only.",
+                            parser=parser, rubric=rubric)
+
+
+class Broken(vf.MultiTurnEnv):
+    async def env_response(self, messages, state, **kwargs):
+        raise RuntimeError("the board broke")
+'''.replace("SUMS", repr(SUMS))
+
+
+@pytest.fixture(scope="module")
+def env_module(tmp_path_factory):
+    """The env's module on the path of the verifiers venv's server (through PYTHONPATH, which it inherits)."""
+    ensure_venv(FRAMEWORKS["verifiers"])
+    folder = tmp_path_factory.mktemp("vf-env")
+    (folder / "vf_sums.py").write_text(ENV_MODULE)
+    return folder
+
+
+@pytest.fixture
+def on_path(env_module, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(env_module))
+
+
+def test_a_verifiers_env_passes_check_env_scored_by_its_rubric(on_path, servers):
+    assert importlib.util.find_spec("verifiers") is None, "the trainer's venv must not have verifiers"
+    env = relax_gym.make("verifiers:vf-sums")
+    assert isinstance(env.unwrapped, RemoteEnv)
+    report = check_env(env)
+    assert "gold action => max reward" in report.passed and "garbage action => min reward, no exception" in report.passed
+
+    obs, info = env.reset(seed=5)
+    assert [m.role for m in obs] == ["system", "user"] and obs[0].text == "Answer with the number only."
+    a, b = SUMS[info["task_index"]]
+    assert obs[1].text == f"What is {a} + {b}?" and info["gold"] == str(a + b)
+    _, reward, terminated, _, info = env.step(str(a + b + 1))
+    assert terminated and reward == pytest.approx(0.2)  # a number, the wrong one: the rubric's weights
+    assert info["reward_breakdown"]["exact_answer"] == 0.0 and info["reward_breakdown"]["a_number"] == 1.0
+    env.reset(seed=5)
+    _, reward, terminated, _, info = env.step(str(a + b))
+    assert terminated and reward == pytest.approx(1.0) and info["reward_breakdown"]["exact_answer"] == 1.0
+    env.close()
+
+
+def test_three_colocate_steps_on_a_verifiers_env(on_path, servers, tmp_path):
+    train_three_steps(tmp_path, write_recipe(tmp_path, {"id": "verifiers:vf-sums"}))
+
+
+def test_a_rollout_that_raises_ends_its_episode_as_an_env_error(on_path, servers):
+    env = relax_gym.make("verifiers:vf-sums", env_args={"fail": True})
+    env.reset(seed=0)
+    _, reward, terminated, _, info = env.step("7")
+    assert (info["status"], terminated, reward) == ("env_error", True, 0.0)
+    assert info["error"].startswith("ForeignEnvError: verifiers vf-sums: rollout"), info["error"]
+    assert "the board broke" in info["error"]
+    env.close()
