@@ -1,13 +1,15 @@
-"""Foreign env overhead: what an episode of a GEM or skyrl-gym env costs through relax-gym, against the framework
-called directly, per episode.
+"""Foreign env overhead: what an episode of a GEM, skyrl-gym or verifiers env costs through relax-gym, against the
+framework called directly, per episode.
 
 Three ways, the same episodes (same seeds / tasks, same actions), each played in rounds in turn so load swings hit
 all three:
 
 - ``raw``: the framework's own calls in its venv (GEM: ``gem.make`` once, ``reset(seed)``, a wrong guess, the
-  right one; skyrl-gym: ``skyrl_gym.make("gsm8k", extras=row)``, ``init(prompt)``, ``step(answer)`` per task);
-- ``adapter``: relax-gym's adapter (``GemEnv`` / ``SkyRLGymEnv``) in that same venv, in-process: what the
-  translation (messages, gold, the call deadline's thread) adds;
+  right one; skyrl-gym: ``skyrl_gym.make("gsm8k", extras=row)``, ``init(prompt)``, ``step(answer)`` per task;
+  verifiers: its own ``run_rollout`` of a one-turn ``SingleTurnEnv`` with a client that answers at once, rubric
+  scoring included);
+- ``adapter``: relax-gym's adapter (``GemEnv`` / ``SkyRLGymEnv`` / ``VerifiersEnv``) in that same venv,
+  in-process: what the translation (messages, gold, the call deadline's thread, the rollout's event loop) adds;
 - ``served``: ``relax_gym.make("gem:...")`` from this process: the adapter behind its env server in the
   framework's venv, what a trainer sees.
 
@@ -38,6 +40,20 @@ from relax_gym.envs.remote import launcher
 
 ROOT = str(Path(relax_gym.__file__).resolve().parent.parent)
 GUESS = "game:GuessTheNumber-v0-easy"
+# the verifiers env: a module with load_environment, as verifiers' docs write one (on the path through PYTHONPATH)
+VF_MODULE = """
+import verifiers as vf
+from datasets import Dataset
+
+def load_environment(**kwargs):
+    rows = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in [(3, 4), (10, 20), (7, 8), (1, 1)]]
+    parser = vf.Parser()
+
+    def exact_answer(completion, answer, **kwargs) -> float:
+        return 1.0 if (parser.parse_answer(completion) or "").strip() == answer else 0.0
+
+    return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), parser=parser, rubric=vf.Rubric(funcs=[exact_answer], parser=parser))
+"""
 TASKS = [{"prompt": [{"role": "user", "content": f"What is {a} + {b}? Answer after ####."}], "env_class": "gsm8k",
           "reward_spec": {"method": "rule", "ground_truth": str(a + b)}} for a, b in [(3, 4), (10, 20), (7, 8), (1, 1)]]
 
@@ -64,6 +80,35 @@ if scheme == "gem":
             _, info = env.reset(seed=seed)
             secret = int(info["gold"][len("\\boxed{"):-1])
             env.step("\\boxed{%d}" % (1 if secret != 1 else 2))
+            env.step(info["gold"])
+elif scheme == "verifiers":
+    import asyncio
+    if how == "raw":
+        import verifiers.legacy as vf
+        env = vf.load_environment("vf-bench-sums")
+        rows = [dict(r) for r in env.get_dataset()]
+        loop = asyncio.new_event_loop()
+        class Answer(vf.Client):  # answers each model call with the row's answer at once
+            def setup_client(self, config): return None
+            async def to_native_tool(self, tool): return tool
+            async def to_native_prompt(self, messages): return messages, {}
+            async def get_native_response(self, prompt, model, sampling_args, tools=None, **kwargs): return self.answer
+            async def raise_from_native_response(self, response): return None
+            async def from_native_response(self, response):
+                return vf.Response(id="x", created=0, model=model_name, message=vf.ResponseMessage(
+                    content=response, finish_reason="stop", is_truncated=False))
+            async def close(self): return None
+        model_name, client = "m", Answer(object())
+        def episode(seed):
+            row = rows[seed % len(rows)]
+            client.answer = row["answer"]
+            loop.run_until_complete(env.run_rollout({"prompt": row["prompt"], "example_id": seed, "answer": row["answer"],
+                                                     "info": {}}, client, model_name, {}))
+    else:
+        from relax_gym.envs.interop.verifiers_env import VerifiersEnv
+        env = VerifiersEnv("vf-bench-sums", pick="cycle")
+        def episode(seed):
+            _, info = env.reset(seed=seed)
             env.step(info["gold"])
 else:
     tasks = [json.loads(line) for line in open(request["data_file"])]
@@ -121,10 +166,13 @@ def run(quick: bool = False, *, episodes: int | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         data_file = str(Path(tmp) / "tasks.jsonl")
         Path(data_file).write_text("".join(json.dumps(t) + "\n" for t in TASKS))
-        for scheme in ("gem", "skyrl-gym"):
+        (Path(tmp) / "vf_bench_sums.py").write_text(VF_MODULE)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tmp, os.environ.get("PYTHONPATH")]))
+        for scheme in ("gem", "skyrl-gym", "verifiers"):
             python = ensure_venv(FRAMEWORKS[scheme])
-            kwargs = {"data_file": data_file, "pick": "cycle"} if scheme == "skyrl-gym" else {}
-            env = relax_gym.make(f"{scheme}:{GUESS if scheme == 'gem' else 'gsm8k'}", **kwargs)
+            env_id, kwargs = {"gem": (GUESS, {}), "skyrl-gym": ("gsm8k", {"data_file": data_file, "pick": "cycle"}),
+                              "verifiers": ("vf-bench-sums", {"pick": "cycle"})}[scheme]
+            env = relax_gym.make(f"{scheme}:{env_id}", **kwargs)
             served_episodes(env, scheme, 5)  # warm-up: the server's first session, connections
             timings: dict[str, list[float]] = {"raw": [], "adapter": [], "served": []}
             for _ in range(rounds):

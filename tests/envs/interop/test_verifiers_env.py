@@ -1,7 +1,8 @@
 """A verifiers environment (``pip install verifiers``, in the venv relax-gym made for it), written as verifiers'
 docs write one (a module with ``load_environment`` returning a ``vf.SingleTurnEnv`` over a ``datasets.Dataset``
 and a ``vf.Rubric`` of reward functions): loaded by ``vf.load_environment``, it passes check_env with verifiers'
-own rollout and rubric scoring each episode (each reward function a component of the breakdown), trains three
+own rollout and rubric scoring each episode (each reward function a component of the breakdown), plays a
+multi-turn ``vf.MultiTurnEnv`` whose ``env_response`` and stop condition see every turn, trains three
 colocate steps, and a rollout whose env_response raises ends its episode as an ``env_error`` naming verifiers and the call."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import verifiers as vf
 from datasets import Dataset
 
 
-def load_environment(fail: bool = False, **kwargs):
+def load_environment(fail: bool = False, turns: int = 1, **kwargs):
     rows = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in SUMS]
     parser = vf.Parser()
 
@@ -36,10 +37,22 @@ def load_environment(fail: bool = False, **kwargs):
         return 1.0 if (parser.parse_answer(completion) or "").strip().isdigit() else 0.0
 
     rubric = vf.Rubric(funcs=[exact_answer, a_number], weights=[0.8, 0.2], parser=parser)
+    if turns > 1:  # a wrong number is told to try again, until the answer or the last turn
+        return TryAgain(dataset=Dataset.from_list(rows), max_turns=turns, parser=parser, rubric=rubric)
     if fail:  # a two-turn env whose response to the first answer raises
         return Broken(dataset=Dataset.from_list(rows), max_turns=2, parser=parser, rubric=rubric)
     return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), system_prompt="Answer with the number only.",
                             parser=parser, rubric=rubric)
+
+
+class TryAgain(vf.MultiTurnEnv):
+    async def env_response(self, messages, state, **kwargs):
+        return [{"role": "user", "content": f"No. Try again ({len(state['trajectory'])} so far)."}]
+
+    @vf.stop
+    async def answered(self, state, **kwargs) -> bool:
+        steps = state["trajectory"]
+        return bool(steps) and (self.parser.parse_answer(steps[-1]["completion"]) or "").strip() == state["answer"]
 
 
 class Broken(vf.MultiTurnEnv):
@@ -79,6 +92,22 @@ def test_a_verifiers_env_passes_check_env_scored_by_its_rubric(on_path, servers)
     env.reset(seed=5)
     _, reward, terminated, _, info = env.step(str(a + b))
     assert terminated and reward == pytest.approx(1.0) and info["reward_breakdown"]["exact_answer"] == 1.0
+    env.close()
+
+
+def test_a_multi_turn_verifiers_env_keeps_its_state_across_steps(on_path, servers):
+    env = relax_gym.make("verifiers:vf-sums", env_args={"turns": 3})
+    obs, info = env.reset(seed=2)
+    answer = info["gold"]
+    obs, reward, terminated, _, info = env.step("0")
+    assert not terminated and reward == 0.0 and [m.text for m in obs] == ["No. Try again (1 so far)."]
+    obs, reward, terminated, _, info = env.step("1")
+    assert not terminated and [m.text for m in obs] == ["No. Try again (2 so far)."]
+    _, reward, terminated, _, info = env.step(answer)
+    assert terminated and reward == pytest.approx(1.0)  # the rubric scores the final answer
+    env.reset(seed=2)
+    _, reward, terminated, _, info = env.step(answer)  # the stop condition ends it at once
+    assert terminated and reward == pytest.approx(1.0) and info["stop_condition"] == "answered"
     env.close()
 
 
