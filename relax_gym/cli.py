@@ -280,9 +280,12 @@ def envs_serve(
                                                           help="a constructor kwarg clients may send (repeatable; none by "
                                                                "default; never runner, sandbox, backend, dataset, *dir, *path, "
                                                                "*root, *file(s))")] = None,
+    protocol: Annotated[str, typer.Option(help="relax: ours (docs/env-servers.md); openenv: OpenEnv's server and "
+                                               "clients, from the OpenEnv venv (docs/interop.md)")] = "relax",
 ) -> None:
     """Serve an environment over HTTP until interrupted: clients make it with
-    relax_gym.make("remote:URL/ENV_ID") or a manifest's [server] url (docs/env-servers.md)."""
+    relax_gym.make("remote:URL/ENV_ID") or a manifest's [server] url (docs/env-servers.md); with --protocol openenv,
+    OpenEnv's clients connect to it (docs/interop.md)."""
     from relax_gym.envs import DatasetError, ManifestError, UnknownEnvError
     from relax_gym.envs.remote.server import EnvServer, ServeError
 
@@ -294,6 +297,11 @@ def envs_serve(
             raise _fail(f"--kwargs is not JSON: {exc}", 2) from None
         if not isinstance(fixed, dict):
             raise _fail("--kwargs must be a JSON object", 2)
+    if protocol not in ("relax", "openenv"):
+        raise _fail(f"--protocol must be relax or openenv, got {protocol!r}", 2)
+    if protocol == "openenv":
+        _serve_openenv(env_id, host, port, fixed, max_sessions)
+        return
     try:
         server = EnvServer(env_id, host=host, port=port, token=token, max_sessions=max_sessions, idle_timeout_s=idle_timeout,
                            kwargs=fixed, allow_kwargs=allow_kwarg or ())
@@ -309,6 +317,30 @@ def envs_serve(
         pass
     finally:
         server.close()
+
+
+def _serve_openenv(env_id: str, host: str, port: int, kwargs: dict[str, Any], max_sessions: int) -> None:
+    from relax_gym.envs import UnknownEnvError, spec
+    from relax_gym.envs.interop.serve import start_openenv_server
+    from relax_gym.envs.interop.venvs import FrameworkVenvError
+    from relax_gym.envs.remote.access import is_loopback
+    from relax_gym.envs.remote.launcher import ServerStartError
+
+    if not is_loopback(host):
+        raise _fail("--protocol openenv serves loopback only (OpenEnv's server has no token)", 2)
+    try:
+        spec(env_id)
+        process, url = start_openenv_server(env_id, host=host, port=port, kwargs=kwargs, max_sessions=max_sessions)
+    except (UnknownEnvError, FrameworkVenvError, ServerStartError) as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"serving {env_id} to OpenEnv clients at {url}  (GenericEnvClient(base_url=\"{url}\"); Ctrl-C stops)")
+    try:
+        process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        process.terminate()
+        process.wait()
 
 
 def _choose(policy: Policy, env, info: dict[str, Any], conversation: list, random_policy, stdin) -> str:

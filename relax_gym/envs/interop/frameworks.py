@@ -25,7 +25,7 @@ class Framework:
     title: str  # how its authors write its name
     requirements: tuple[str, ...]  # pip requirement lines of the framework's venv (pinned)
     module: str  # the package the adapter imports: a venv where it imports is the framework's
-    adapter: str  # "module:Class", the AgentEnv that drives the framework's env inside its venv
+    adapter: str | None  # "module:Class", the AgentEnv that drives the framework's env inside its venv (None: not yet)
     id_help: str  # what the part after the scheme names, for errors and `envs show`
 
 
@@ -57,6 +57,14 @@ FRAMEWORKS: dict[str, Framework] = {
             adapter="relax_gym.envs.interop.verifiers_env:VerifiersEnv",
             id_help="an environment id as vf.load_environment takes it (its module, e.g. vf-gsm8k or my_env)",
         ),
+        Framework(
+            scheme="openenv",
+            title="OpenEnv",
+            requirements=("openenv-core==0.3.0",),
+            module="openenv",
+            adapter=None,  # ours served to OpenEnv clients: `relax-gym envs serve ID --protocol openenv`
+            id_help="an OpenEnv server's URL or Docker image",
+        ),
     )
 }
 
@@ -66,6 +74,9 @@ def split_foreign_id(env_id: str) -> tuple[Framework, str] | None:
     scheme, sep, rest = env_id.partition(":")
     if not sep or scheme not in FRAMEWORKS:
         return None
+    if FRAMEWORKS[scheme].adapter is None:
+        raise ValueError(f"env id {env_id!r}: {FRAMEWORKS[scheme].title} envs cannot be made here yet; relax-gym envs serve "
+                         f"to {FRAMEWORKS[scheme].title} clients (docs/interop.md)")
     if not rest:
         raise ValueError(f"env id {env_id!r}: {FRAMEWORKS[scheme].title} needs {FRAMEWORKS[scheme].id_help} after '{scheme}:'")
     return FRAMEWORKS[scheme], rest

@@ -163,20 +163,29 @@ def _start(path: Path, m: EnvManifest, kwargs: dict[str, Any]) -> ServerProcess:
         process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
     guard(process)
-    deadline = time.monotonic() + m.server.startup_timeout_s
-    while not ready.is_file():
-        code = process.poll()
-        if code is not None or time.monotonic() > deadline:
-            if code is None:
-                process.kill()
-                process.wait()
-            shutil.rmtree(workdir, ignore_errors=True)
-            why = (f"exited with status {code}" if code is not None
-                   else f"was not ready after {m.server.startup_timeout_s:.0f} s ([server] startup_timeout_s)")
-            raise ServerStartError(f"the env server of {path} ({python}) {why}; its log: {log_path}\n{log_tail(log_path)}")
-        time.sleep(0.02)
+    why = wait_ready(process, ready, m.server.startup_timeout_s)
+    if why is not None:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise ServerStartError(f"the env server of {path} ({python}) {why} ([server] startup_timeout_s); its log: "
+                               f"{log_path}\n{log_tail(log_path)}")
     url = json.loads(ready.read_text())["url"]
     return ServerProcess(m.id, path, kwargs, python, process, url, token, log_path, workdir, os.getpid())
+
+
+def wait_ready(process: subprocess.Popen, ready: Path, timeout_s: float) -> str | None:
+    """Wait until a started server writes its ready file: None, or why it will not (it exited, killed here when it
+    was not ready within ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while not ready.is_file():
+        code = process.poll()
+        if code is not None:
+            return f"exited with status {code}"
+        if time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            return f"was not ready after {timeout_s:.0f} s"
+        time.sleep(0.02)
+    return None
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
