@@ -7,7 +7,10 @@
 - :mod:`.frameworks`: the frameworks known, their pinned packages and adapters;
 - :mod:`.venvs`: the framework's venv, made on first use and kept (or named by the user);
 - :mod:`.adapter`: what the adapters share (deadlines, errors naming framework, env and call);
-- :mod:`.gem_env`, :mod:`.skyrl_env`, :mod:`.verifiers_env`: the adapters, which run inside their framework's venv;
+- :mod:`.gem_env`, :mod:`.skyrl_env`, :mod:`.verifiers_env`, :mod:`.openenv_env`: the adapters, which run inside
+  their framework's venv;
+- :mod:`.openenv_serve`: the other way, our env behind OpenEnv's own server (``relax-gym envs serve ID --protocol
+  openenv``);
 - :mod:`.serve`: starting the adapter's env server in that venv and connecting to it.
 
 See docs/interop.md. This package's own ``__init__`` imports nothing: the registry reads :mod:`.frameworks` to

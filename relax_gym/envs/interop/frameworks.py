@@ -62,8 +62,8 @@ FRAMEWORKS: dict[str, Framework] = {
             title="OpenEnv",
             requirements=("openenv-core==0.3.0",),
             module="openenv",
-            adapter=None,  # ours served to OpenEnv clients: `relax-gym envs serve ID --protocol openenv`
-            id_help="an OpenEnv server's URL or Docker image",
+            adapter="relax_gym.envs.interop.openenv_env:OpenEnvEnv",  # and ours served: `envs serve --protocol openenv`
+            id_help="an OpenEnv server's URL (http://HOST:PORT)",
         ),
     )
 }

@@ -49,8 +49,8 @@ def test_foreign_ids_are_told_from_ours_by_their_scheme():
     assert fw.scheme == "gem" and rest == "game:GuessTheNumber-v0-easy"
     with pytest.raises(ValueError, match="needs a skyrl-gym env class"):
         split_foreign_id("skyrl-gym:")
-    with pytest.raises(ValueError, match="OpenEnv envs cannot be made here yet"):  # served to OpenEnv, not made from it
-        split_foreign_id("openenv:http://127.0.0.1:8000")
+    fw, rest = split_foreign_id("openenv:http://127.0.0.1:8000")
+    assert fw.scheme == "openenv" and rest == "http://127.0.0.1:8000"  # the first ':' ends the scheme
 
 
 def test_envs_prepare_refuses_an_unknown_framework():

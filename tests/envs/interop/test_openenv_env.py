@@ -1,0 +1,128 @@
+"""An OpenEnv env as a relax-gym env: an env written as OpenEnv's docs write one (an ``Environment`` with typed
+Action / Observation / State, served by ``create_fastapi_app`` under uvicorn, in the OpenEnv venv) made with
+``relax_gym.make("openenv:URL", ...)``: the adapter speaks to it with OpenEnv's own client. It passes check_env
+(the gold action from a template over the session's ``state``), trains three colocate steps, and a server whose
+step fails ends the episode as an ``env_error`` naming OpenEnv and the call."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+
+import pytest
+
+import relax_gym
+from relax_gym.envs import check_env
+from relax_gym.envs.interop.frameworks import FRAMEWORKS
+from relax_gym.envs.interop.venvs import ensure_venv
+from relax_gym.envs.remote import RemoteEnv
+from relax_gym.envs.remote.launcher import wait_ready
+
+from .training import train_three_steps, write_recipe
+
+# OpenEnv's pattern: models, an Environment, create_fastapi_app; served on a socket bound before uvicorn starts
+SERVER = r'''
+import json, random, socket, sys
+import uvicorn
+from openenv.core.env_server.http_server import create_fastapi_app
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import Action, Observation, State
+
+WORDS = ["amber", "basil", "cedar", "delta", "ember", "fjord", "glade", "heron"]
+
+
+class SayAction(Action):
+    message: str
+
+
+class SayObservation(Observation):
+    prompt: str = ""
+
+
+class SecretState(State):
+    secret: str = ""
+
+
+class EchoSecretEnv(Environment):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self):
+        super().__init__()
+        self._state = SecretState(episode_id=None, step_count=0)
+
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        secret = random.Random(seed).choice(WORDS)
+        self._state = SecretState(episode_id=episode_id, step_count=0, secret=secret)
+        return SayObservation(prompt=f"Say the word {secret} back, and nothing else.", done=False, reward=None)
+
+    def step(self, action, timeout_s=None, **kwargs):
+        self._state.step_count += 1
+        if sys.argv[2] == "broken":
+            raise RuntimeError("the board broke")
+        right = action.message.strip().lower() == self._state.secret
+        return SayObservation(prompt="Right." if right else "Wrong.", done=True, reward=1.0 if right else 0.0)
+
+    @property
+    def state(self):
+        return self._state
+
+
+app = create_fastapi_app(EchoSecretEnv, SayAction, SayObservation, max_concurrent_envs=32)
+sock = socket.socket()
+sock.bind(("127.0.0.1", 0))
+sock.listen(64)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    json.dump({"url": "http://127.0.0.1:%d" % sock.getsockname()[1]}, f)
+import os; os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+uvicorn.run(app, fd=sock.fileno(), log_level="warning")
+'''
+
+
+def serve(tmp_path, how: str = "ok") -> tuple[subprocess.Popen, str]:
+    python = ensure_venv(FRAMEWORKS["openenv"])
+    ready = tmp_path / f"ready-{how}.json"
+    process = subprocess.Popen([str(python), "-c", SERVER, str(ready), how], stdin=subprocess.DEVNULL)
+    why = wait_ready(process, ready, 300)
+    assert why is None, f"the OpenEnv server {why}"
+    return process, json.loads(ready.read_text())["url"]
+
+
+@pytest.fixture
+def server(tmp_path, servers):
+    process, url = serve(tmp_path)
+    yield url
+    process.terminate()
+    process.wait(timeout=60)
+
+
+def test_an_openenv_env_passes_check_env_through_openenvs_client(server):
+    assert importlib.util.find_spec("openenv") is None, "the trainer's venv must not have openenv"
+    env = relax_gym.make(f"openenv:{server}", observation_field="prompt", gold="{secret}")
+    assert isinstance(env.unwrapped, RemoteEnv)
+    report = check_env(env)
+    assert "gold action => max reward" in report.passed and "garbage action => min reward, no exception" in report.passed
+    obs, info = env.reset(seed=4)
+    assert obs[0].text == f"Say the word {info['gold']} back, and nothing else."
+    _, reward, terminated, _, info = env.step(info["gold"].upper())
+    assert (reward, terminated) == (1.0, True) and info["openenv_observation"]["prompt"] == "Right."
+    env.close()
+
+
+def test_three_colocate_steps_on_an_openenv_env(server, tmp_path):
+    recipe = write_recipe(tmp_path, {"id": f"openenv:{server}", "kwargs": {"observation_field": "prompt", "gold": "{secret}"}})
+    train_three_steps(tmp_path, recipe)
+
+
+def test_an_openenv_server_that_fails_a_step_ends_the_episode_as_an_env_error(tmp_path, servers):
+    process, url = serve(tmp_path, "broken")
+    try:
+        env = relax_gym.make(f"openenv:{url}", observation_field="prompt")
+        env.reset(seed=0)
+        _, reward, terminated, _, info = env.step("amber")
+        assert (info["status"], terminated, reward) == ("env_error", True, 0.0)
+        assert f"OpenEnv {url}: step raised RuntimeError: Server error" in info["error"], info["error"]
+        env.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
