@@ -9,8 +9,9 @@
 - :mod:`.adapter`: what the adapters share (deadlines, errors naming framework, env and call);
 - :mod:`.gem_env`, :mod:`.skyrl_env`, :mod:`.verifiers_env`, :mod:`.openenv_env`: the adapters, which run inside
   their framework's venv;
-- :mod:`.openenv_serve`, :mod:`.verifiers_serve`: the other way, our envs behind OpenEnv's own server
-  (``relax-gym envs serve ID --protocol openenv``) and as verifiers environments (``vf.load_environment``);
+- :mod:`.openenv_serve`, :mod:`.verifiers_serve`, :mod:`.skyrl_serve`: the other way, our envs behind OpenEnv's own
+  server (``relax-gym envs serve ID --protocol openenv``), as verifiers environments (``vf.load_environment``) and
+  as skyrl-gym envs (``skyrl_gym.make("relax-gym", ...)``);
 - :mod:`.serve`: starting the adapter's env server in that venv and connecting to it.
 
 See docs/interop.md. This package's own ``__init__`` imports nothing: the registry reads :mod:`.frameworks` to

@@ -19,43 +19,23 @@ from relax_gym.envs.interop.frameworks import FRAMEWORKS
 from relax_gym.envs.interop.serve import start_openenv_server
 from relax_gym.envs.interop.venvs import ensure_venv
 
+from .media_probe import DECODE, EPISODES, assert_media
+
 # runs in the OpenEnv venv: the official client plays one episode with the gold actions and reports what came
-CLIENT = r'''
-import base64, io, json, sys
-import av, numpy, soundfile
-from PIL import Image
+CLIENT = DECODE + r'''
+import json, sys
 from openenv.core.generic_client import GenericEnvClient
 
-def described(part):
-    kind = part["type"]
-    if kind == "input_audio":
-        wave, rate = soundfile.read(io.BytesIO(base64.b64decode(part["input_audio"]["data"])))
-        return {"type": kind, "samples": len(wave), "rate": rate}
-    if kind not in ("image_url", "video_url", "audio_url"):
-        return None
-    header, data = part[kind]["url"].split(",", 1)
-    raw = base64.b64decode(data)
-    if kind == "image_url":
-        return {"type": kind, "size": list(Image.open(io.BytesIO(raw)).size)}
-    if kind == "video_url":
-        with av.open(io.BytesIO(raw)) as clip:
-            frames = [f.to_ndarray(format="rgb24") for f in clip.decode(video=0)]
-        return {"type": kind, "frames": len(frames), "shape": list(frames[0].shape)}
-    wave, rate = soundfile.read(io.BytesIO(raw))
-    return {"type": kind, "samples": len(wave), "rate": rate}
-
-media, rewards = [], []
+received, rewards = [], []
 with GenericEnvClient(base_url=sys.argv[1]).sync() as env:
     result = env.reset(seed=int(sys.argv[2]))
     while True:
-        for message in result.observation["messages"]:
-            if isinstance(message["content"], list):
-                media += [d for d in map(described, message["content"]) if d]
+        received += media(result.observation["messages"])
         if result.done:
             break
         result = env.step({"text": result.observation["info"]["gold"]})
         rewards.append(result.reward)
-    print(json.dumps({"media": media, "rewards": rewards, "status": result.observation["info"]["status"]}))
+    print(json.dumps({"media": received, "rewards": rewards, "status": result.observation["info"]["status"]}))
 '''
 
 
@@ -64,8 +44,7 @@ def openenv_python():
     return ensure_venv(FRAMEWORKS["openenv"])
 
 
-@pytest.mark.parametrize("env_id, kinds", [("nextqa-video", [{"video_url"}]),
-                                           ("echo-ink-agent", [{"image_url"}, {"audio_url", "input_audio"}])])
+@pytest.mark.parametrize("env_id, kinds", EPISODES)
 def test_openenvs_own_client_plays_our_env_with_its_media(openenv_python, env_id, kinds):
     process, url = start_openenv_server(env_id)
     try:
@@ -77,15 +56,7 @@ def test_openenvs_own_client_plays_our_env_with_its_media(openenv_python, env_id
         process.terminate()
         process.wait(timeout=60)
     assert got["status"] == "ok" and sum(got["rewards"]) == pytest.approx(1.0), got  # the gold episode's maximum
-    types = {m["type"] for m in got["media"]}
-    assert all(types & kind for kind in kinds), got["media"]  # each medium the env shows, as a part of its kind
-    for m in got["media"]:
-        if m["type"] == "video_url":
-            assert m["frames"] >= 8 and m["shape"] == [64, 64, 3]
-        elif m["type"] == "image_url":
-            assert min(m["size"]) > 0
-        else:
-            assert m["samples"] > 0 and m["rate"] > 0
+    assert_media(got["media"], kinds)
     assert "text" in json.dumps(schema["action"]) and "messages" in json.dumps(schema["observation"])
 
 

@@ -6,42 +6,17 @@ the sound's samples decode there, and every episode earns the env's maximum."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
-
 import pytest
 
-import relax_gym
-from relax_gym.envs.interop.frameworks import FRAMEWORKS
-from relax_gym.envs.interop.venvs import ensure_venv
-from relax_gym.envs.remote.server import EnvServer
-
-CHECKOUT = str(Path(relax_gym.__file__).resolve().parent.parent)
+from .media_probe import DECODE, EPISODES, assert_media, run_against_our_server
 
 # runs in the verifiers venv (this checkout appended to its path)
-EVALUATE = r'''
-import base64, io, json, sys
+EVALUATE = DECODE + r'''
+import json, sys
 sys.path.append(sys.argv[3])
-import av, soundfile
-from PIL import Image
 import verifiers.legacy as vf
 
 received = []
-
-def decoded(part):
-    kind = part["type"]
-    if kind == "input_audio":
-        return {"type": kind, "samples": len(soundfile.read(io.BytesIO(base64.b64decode(part["input_audio"]["data"])))[0])}
-    if kind not in ("image_url", "video_url", "audio_url"):
-        return None
-    raw = base64.b64decode(part[kind]["url"].split(",", 1)[1])
-    if kind == "image_url":
-        return {"type": kind, "size": list(Image.open(io.BytesIO(raw)).size)}
-    if kind == "video_url":
-        with av.open(io.BytesIO(raw)) as clip:
-            return {"type": kind, "frames": sum(1 for _ in clip.decode(video=0))}
-    return {"type": kind, "samples": len(soundfile.read(io.BytesIO(raw))[0])}
 
 
 class Oracle(vf.Client):
@@ -50,13 +25,7 @@ class Oracle(vf.Client):
     async def to_native_tool(self, tool): return tool
     async def to_native_prompt(self, messages): return messages, {}
     async def get_native_response(self, prompt, model, sampling_args, tools=None, **kwargs):
-        for message in prompt:
-            content = message.get("content") if isinstance(message, dict) else message.content
-            for part in content if isinstance(content, list) else []:
-                part = part if isinstance(part, dict) else part.model_dump()
-                found = decoded(part)
-                if found:
-                    received.append(found)
+        received.extend(media(prompt))
         return kwargs["state"]["relax_gold"]
     async def raise_from_native_response(self, response): return None
     async def from_native_response(self, response):
@@ -72,22 +41,8 @@ print(json.dumps({"rewards": [r["reward"] for r in out["outputs"]], "errors": [r
 '''
 
 
-@pytest.mark.parametrize("env_id, kinds", [("nextqa-video", [{"video_url"}]),
-                                           ("echo-ink-agent", [{"image_url"}, {"audio_url", "input_audio"}])])
+@pytest.mark.parametrize("env_id, kinds", EPISODES)
 def test_verifiers_own_evaluation_completes_our_episodes_with_their_media(env_id, kinds):
-    python = ensure_venv(FRAMEWORKS["verifiers"])
-    server = EnvServer(env_id)
-    server.start()
-    try:
-        run = subprocess.run([str(python), "-c", EVALUATE, server.url, env_id, CHECKOUT], capture_output=True,
-                             text=True, timeout=600)
-    finally:
-        server.close()
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = run_against_our_server("verifiers", EVALUATE, env_id)
     assert got["rewards"] == [1.0, 1.0] and got["errors"] == [None, None], got
-    types = {m["type"] for m in got["received"]}
-    assert all(types & kind for kind in kinds), got["received"]
-    for m in got["received"]:
-        assert (m["frames"] >= 8 if m["type"] == "video_url" else min(m["size"]) > 0 if m["type"] == "image_url"
-                else m["samples"] > 0), m
+    assert_media(got["received"], kinds)
