@@ -257,6 +257,9 @@ def envs_prepare(
     except UnknownFrameworkError as exc:
         raise _fail(str(exc), 2) from None
     for fw in chosen:
+        if not fw.requirements:
+            console.print(f"ok   {fw.scheme}: nothing to install (its protocol is spoken from this process)")
+            continue
         console.print(f"{fw.scheme}: {', '.join(fw.requirements)} ...")
         try:
             python = ensure_venv(fw)

@@ -8,7 +8,7 @@
 - :mod:`.venvs`: the framework's venv, made on first use and kept (or named by the user);
 - :mod:`.adapter`: what the adapters share (deadlines, errors naming framework, env and call);
 - :mod:`.gem_env`, :mod:`.skyrl_env`, :mod:`.verifiers_env`, :mod:`.openenv_env`: the adapters, which run inside
-  their framework's venv;
+  their framework's venv; :mod:`.nemo_gym_env` speaks NeMo-Gym's HTTP protocol from this process;
 - :mod:`.openenv_serve`, :mod:`.verifiers_serve`, :mod:`.skyrl_serve`: the other way, our envs behind OpenEnv's own
   server (``relax-gym envs serve ID --protocol openenv``), as verifiers environments (``vf.load_environment``) and
   as skyrl-gym envs (``skyrl_gym.make("relax-gym", ...)``);

@@ -23,7 +23,7 @@ class UnknownFrameworkError(KeyError):
 class Framework:
     scheme: str  # the env id's prefix before the first ':'
     title: str  # how its authors write its name
-    requirements: tuple[str, ...]  # pip requirement lines of the framework's venv (pinned)
+    requirements: tuple[str, ...]  # pip requirement lines of the framework's venv (pinned); () runs in-process
     module: str  # the package the adapter imports: a venv where it imports is the framework's
     adapter: str | None  # "module:Class", the AgentEnv that drives the framework's env inside its venv (None: not yet)
     id_help: str  # what the part after the scheme names, for errors and `envs show`
@@ -56,6 +56,15 @@ FRAMEWORKS: dict[str, Framework] = {
             module="verifiers",
             adapter="relax_gym.envs.interop.verifiers_env:VerifiersEnv",
             id_help="an environment id as vf.load_environment takes it (its module, e.g. vf-gsm8k or my_env)",
+        ),
+        Framework(
+            scheme="nemo-gym",
+            title="NeMo-Gym",
+            # not on the package index: its resources servers' HTTP protocol, spoken from this process
+            requirements=(),
+            module="httpx",
+            adapter="relax_gym.envs.interop.nemo_gym_env:NemoGymEnv",
+            id_help="a NeMo-Gym resources server's URL (http://HOST:PORT); its tasks come from data_file",
         ),
         Framework(
             scheme="openenv",

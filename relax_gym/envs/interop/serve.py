@@ -11,6 +11,7 @@ it, and it stops with this process. What goes wrong inside a foreign env comes b
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import shutil
 import subprocess
@@ -81,8 +82,12 @@ def start_openenv_server(env_id: str, *, host: str = "127.0.0.1", port: int = 0,
     return process, url
 
 
-def make_foreign(fw: Framework, foreign_id: str, *, venv: str | None = None, **kwargs: Any) -> RemoteEnv:
+def make_foreign(fw: Framework, foreign_id: str, *, venv: str | None = None, **kwargs: Any) -> Any:
     """``fw``'s env ``foreign_id`` with ``kwargs`` (the adapter's), served from ``fw``'s venv (``venv``: the user's
-    own instead of the one made here)."""
+    own instead of the one made here); a framework with no package of its own (a protocol spoken from here) is its
+    adapter, made in this process."""
+    if not fw.requirements:
+        module, _, name = fw.adapter.partition(":")
+        return getattr(importlib.import_module(module), name)(foreign_id, **kwargs)
     python = framework_python(fw, venv)
     return served_env(relax_manifest=str(manifest_for(fw, python)), env_id=foreign_id, **kwargs)

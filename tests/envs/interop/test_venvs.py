@@ -55,4 +55,4 @@ def test_foreign_ids_are_told_from_ours_by_their_scheme():
 
 def test_envs_prepare_refuses_an_unknown_framework():
     result = CliRunner().invoke(app, ["envs", "prepare", "verifierz"])
-    assert result.exit_code == 2 and "no env framework 'verifierz'; known: gem, openenv, skyrl-gym, verifiers" in result.output
+    assert result.exit_code == 2 and "no env framework 'verifierz'; known: gem, nemo-gym, openenv, skyrl-gym, verifiers" in result.output
