@@ -67,7 +67,9 @@ def serve(app: Starlette) -> tuple[uvicorn.Server, str]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)  # connections wait in the backlog until uvicorn accepts them
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    # log_config=None: uvicorn leaves logging alone (its dictConfig would close every handler of this process,
+    # pytest's own among them)
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None))
     threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
     return server, f"http://127.0.0.1:{sock.getsockname()[1]}"
 
