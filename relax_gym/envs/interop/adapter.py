@@ -14,7 +14,9 @@ from __future__ import annotations
 import importlib
 import math
 import string
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -22,6 +24,32 @@ from typing import Any, TypeVar
 from relax_gym.envs.core import AgentEnv
 
 T = TypeVar("T")
+
+
+class _Worker:
+    """One daemon thread running the calls submitted to it, in order (a ThreadPoolExecutor's threads are joined at
+    interpreter exit, so a foreign call that hangs would hold the env server's exit up)."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def submit(self, fn: Callable[[], T]) -> Future:
+        future: Future = Future()
+        self._calls.put((fn, future))
+        return future
+
+    def stop(self) -> None:
+        self._calls.put(None)  # after the call under way, if it ever returns
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            fn, future = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller, whatever it is
+                    future.set_exception(exc)
 
 
 class ForeignEnvError(RuntimeError):
@@ -44,7 +72,7 @@ class ForeignAgentEnv(AgentEnv):
         self.env_id = env_id
         self.call_timeout_s = float(call_timeout_s)
         self._stuck = False  # a call timed out: the foreign env may be mid-call forever
-        self._worker: ThreadPoolExecutor | None = None  # the thread foreign calls run on
+        self._worker: _Worker | None = None  # the thread foreign calls run on
         for module in imports:
             try:
                 importlib.import_module(module)
@@ -55,7 +83,7 @@ class ForeignAgentEnv(AgentEnv):
     def close(self) -> None:
         worker, self._worker = self._worker, None
         if worker is not None:
-            worker.shutdown(wait=not self._stuck)
+            worker.stop()
         super().close()
 
     def _pick_task(self, count: int) -> int:
@@ -72,15 +100,16 @@ class ForeignAgentEnv(AgentEnv):
 
     def _call(self, call: str, fn: Callable[[], T]) -> T:
         """``fn()`` on this env's worker thread, within ``call_timeout_s``; any failure as :class:`ForeignEnvError`.
-        A call that does not return keeps its thread: the next call gets a new one."""
+        A call that does not return keeps its thread (a daemon: it never holds the process's exit up); the next
+        call gets a new one."""
         if self._worker is None:
-            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.framework_title}-env")
+            self._worker = _Worker(f"{self.framework_title}-env")
         future = self._worker.submit(fn)
         try:
             return future.result(timeout=self.call_timeout_s)
         except FutureTimeout:
             self._stuck = True
-            self._worker.shutdown(wait=False, cancel_futures=True)
+            self._worker.stop()
             self._worker = None
             raise ForeignEnvError(f"{self._where(call)} did not return within {self.call_timeout_s:g} s (call_timeout_s)") from None
         except Exception as exc:

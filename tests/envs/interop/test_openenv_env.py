@@ -58,7 +58,7 @@ class EchoSecretEnv(Environment):
 
     def step(self, action, timeout_s=None, **kwargs):
         self._state.step_count += 1
-        if sys.argv[2] == "broken":
+        if action.message == "break the board":
             raise RuntimeError("the board broke")
         right = action.message.strip().lower() == self._state.secret
         return SayObservation(prompt="Right." if right else "Wrong.", done=True, reward=1.0 if right else 0.0)
@@ -79,24 +79,20 @@ uvicorn.run(app, fd=sock.fileno(), log_level="warning")
 '''
 
 
-def serve(tmp_path, how: str = "ok") -> tuple[subprocess.Popen, str]:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The example env under OpenEnv's server, one for the module (every test opens sessions of its own)."""
     python = ensure_venv(FRAMEWORKS["openenv"])
-    ready = tmp_path / f"ready-{how}.json"
-    process = subprocess.Popen([str(python), "-c", SERVER, str(ready), how], stdin=subprocess.DEVNULL)
+    ready = tmp_path_factory.mktemp("openenv-server") / "ready.json"
+    process = subprocess.Popen([str(python), "-c", SERVER, str(ready)], stdin=subprocess.DEVNULL)
     why = wait_ready(process, ready, 300)
     assert why is None, f"the OpenEnv server {why}"
-    return process, json.loads(ready.read_text())["url"]
-
-
-@pytest.fixture
-def server(tmp_path, servers):
-    process, url = serve(tmp_path)
-    yield url
+    yield json.loads(ready.read_text())["url"]
     process.terminate()
     process.wait(timeout=60)
 
 
-def test_an_openenv_env_passes_check_env_through_openenvs_client(server):
+def test_an_openenv_env_passes_check_env_through_openenvs_client(server, servers):
     assert importlib.util.find_spec("openenv") is None, "the trainer's venv must not have openenv"
     env = relax_gym.make(f"openenv:{server}", observation_field="prompt", gold="{secret}")
     assert isinstance(env.unwrapped, RemoteEnv)
@@ -109,20 +105,15 @@ def test_an_openenv_env_passes_check_env_through_openenvs_client(server):
     env.close()
 
 
-def test_three_colocate_steps_on_an_openenv_env(server, tmp_path):
+def test_three_colocate_steps_on_an_openenv_env(server, servers, tmp_path):
     recipe = write_recipe(tmp_path, {"id": f"openenv:{server}", "kwargs": {"observation_field": "prompt", "gold": "{secret}"}})
     train_three_steps(tmp_path, recipe)
 
 
-def test_an_openenv_server_that_fails_a_step_ends_the_episode_as_an_env_error(tmp_path, servers):
-    process, url = serve(tmp_path, "broken")
-    try:
-        env = relax_gym.make(f"openenv:{url}", observation_field="prompt")
-        env.reset(seed=0)
-        _, reward, terminated, _, info = env.step("amber")
-        assert (info["status"], terminated, reward) == ("env_error", True, 0.0)
-        assert f"OpenEnv {url}: step raised RuntimeError: Server error" in info["error"], info["error"]
-        env.close()
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
+def test_an_openenv_server_that_fails_a_step_ends_the_episode_as_an_env_error(server, servers):
+    env = relax_gym.make(f"openenv:{server}", observation_field="prompt")
+    env.reset(seed=0)
+    _, reward, terminated, _, info = env.step("break the board")
+    assert (info["status"], terminated, reward) == ("env_error", True, 0.0)
+    assert f"OpenEnv {server}: step raised RuntimeError: Server error" in info["error"], info["error"]
+    env.close()
