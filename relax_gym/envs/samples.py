@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from relax_gym.envs import describe_facts, synth, synth_captions
+from relax_gym.envs.cache import cache_home
 
 __all__ = ["SAMPLE_NAMES", "ensure_sample", "sample_root", "sample_version"]
 
@@ -26,9 +27,7 @@ logger = logging.getLogger(__name__)
 
 def sample_root() -> Path:
     """Folder holding generated samples: ``$RELAX_GYM_CACHE/samples`` or ``~/.cache/relax-gym/samples``."""
-    cache = os.environ.get("RELAX_GYM_CACHE")
-    base = Path(cache).expanduser() if cache else Path.home() / ".cache" / "relax-gym"
-    return base / "samples"
+    return cache_home() / "samples"
 
 
 #: Names accepted by ``ensure_sample``.

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import importlib
 import math
-import string
 import queue
+import string
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from collections.abc import Callable
 from typing import Any, TypeVar
+
+import numpy as np
 
 from relax_gym.envs.core import AgentEnv
 
@@ -50,6 +52,26 @@ class _Worker:
                     future.set_result(fn())
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller, whatever it is
                     future.set_exception(exc)
+
+
+class TaskFileError(ValueError):
+    """A task file is not in its framework's layout; the message names the file, the row or line, and the field."""
+
+
+class TaskPicker:
+    """Which task a reset plays: drawn with the env's seeded generator (``"random"``: a seed picks the same task) or
+    each in turn (``"cycle"``)."""
+
+    def __init__(self, pick: str) -> None:
+        if pick not in ("random", "cycle"):
+            raise ValueError(f"pick must be 'random' or 'cycle', got {pick!r}")
+        self.pick, self._next = pick, 0
+
+    def next(self, count: int, rng: np.random.Generator) -> int:
+        if self.pick == "random":
+            return int(rng.integers(count))
+        index, self._next = self._next % count, self._next % count + 1
+        return index
 
 
 class ForeignEnvError(RuntimeError):
@@ -85,15 +107,6 @@ class ForeignAgentEnv(AgentEnv):
         if worker is not None:
             worker.stop()
         super().close()
-
-    def _pick_task(self, count: int) -> int:
-        """The next task's index among ``count``: drawn with the env's seeded generator (``self.pick == "random"``,
-        so a seed picks the same task) or in turn (``"cycle"``)."""
-        if getattr(self, "pick", "random") == "random":
-            return int(self.np_random.integers(count))
-        index = getattr(self, "_next_task", 0) % count
-        self._next_task = index + 1
-        return index
 
     def _where(self, call: str) -> str:
         return f"{self.framework_title} {self.env_id}: {call}"
@@ -135,14 +148,3 @@ def fill_gold(template: str | None, fields: dict[str, Any], *, where: str) -> st
         raise ValueError(f"{where}: the gold template {template!r} names {', '.join(missing)}, which the task lacks "
                          f"(it has {', '.join(sorted(fields)) or 'nothing'})")
     return template.format(**fields)
-
-
-def plain_json(value: Any) -> Any:
-    """A foreign ``info`` / metadata as JSON: dicts, lists, strings, numbers and None kept; anything else as its repr."""
-    if isinstance(value, dict):
-        return {str(k): plain_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain_json(v) for v in value]
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return repr(value)

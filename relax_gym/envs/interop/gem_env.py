@@ -25,7 +25,8 @@ from __future__ import annotations
 from typing import Any
 
 from relax_gym.envs.core import Opening, Outcome
-from relax_gym.envs.interop.adapter import ForeignAgentEnv, fill_gold, plain_json
+from relax_gym.envs.interop.adapter import ForeignAgentEnv, fill_gold
+from relax_gym.envs.remote.wire import encode_value
 from relax_gym.omni import Message, TextPart
 
 # GEM env class -> the gold action's template over its attributes (after reset)
@@ -64,7 +65,7 @@ class GemEnv(ForeignAgentEnv):
         if not messages:
             raise self._malformed("reset", "no observation")
         gold = fill_gold(self.gold_template, vars(self._env), where=self._where("gold"))
-        return Opening(messages, gold, {"gem_info": plain_json(info), "gem_seed": seed})
+        return Opening(messages, gold, {"gem_info": encode_value(info), "gem_seed": seed})
 
     def _step(self, action: str) -> Outcome:
         answer = self._call("step", lambda: self._env.step(action))
@@ -75,7 +76,7 @@ class GemEnv(ForeignAgentEnv):
         done = bool(terminated) or bool(truncated)
         gold = None if done else fill_gold(self.gold_template, vars(self._env), where=self._where("gold"))
         return Outcome(self._messages("step", observation), reward, done, {"gem": reward}, gold=gold,
-                       info={"gem_info": plain_json(info), "gem_truncated": bool(truncated)})
+                       info={"gem_info": encode_value(info), "gem_truncated": bool(truncated)})
 
     def _messages(self, call: str, observation: Any) -> list[Message]:
         if not isinstance(observation, str):

@@ -37,8 +37,8 @@ from typing import Any
 import httpx
 
 from relax_gym.envs.core import Opening, Outcome
-from relax_gym.envs.interop.adapter import ForeignAgentEnv, fill_gold, plain_json
-from relax_gym.envs.interop.skyrl_env import TaskFileError
+from relax_gym.envs.interop.adapter import ForeignAgentEnv, TaskFileError, TaskPicker, fill_gold
+from relax_gym.envs.remote.wire import encode_value
 from relax_gym.omni import Message, TextPart, from_openai
 from relax_gym.omni.openai_tools import split_reply
 from relax_gym.omni.tool_calls import tools_instructions
@@ -73,19 +73,18 @@ class NemoGymEnv(ForeignAgentEnv):
                  reward_bounds: tuple[float, float] = (0.0, 1.0), max_turns: int = 8, call_timeout_s: float = 300.0,
                  **kwargs: Any) -> None:
         super().__init__(env_id, call_timeout_s=call_timeout_s, max_turns=max_turns, **kwargs)
-        if pick not in ("random", "cycle"):
-            raise ValueError(f"pick must be 'random' or 'cycle', got {pick!r}")
         self.base_url, self.data_file = env_id.rstrip("/"), Path(data_file)
-        self.rows, self.pick = read_rows(self.data_file), pick
+        self.rows, self.picker = read_rows(self.data_file), TaskPicker(pick)
         self.gold_templates = [gold] if isinstance(gold, str) else list(gold or [])
         self.reward_range_ = tuple(reward_bounds)
         self._http: httpx.Client | None = None
         self._row: dict[str, Any] = {}
+        self._index = 0  # the row's index in the task file
         self._output: list[dict[str, Any]] = []  # the rollout so far, as Responses API output items
 
     def _reset(self, options: dict[str, Any]) -> Opening:
         self._close_session()
-        index = self._pick_task(len(self.rows))
+        index = self.picker.next(len(self.rows), self.np_random)
         self._row, self._output = self.rows[index], []
         self._http = httpx.Client(base_url=self.base_url, timeout=self.call_timeout_s)
         self._post("seed_session", {})
@@ -113,7 +112,7 @@ class NemoGymEnv(ForeignAgentEnv):
         return fill_gold(template, fields, where=self._where(f"gold ({self.data_file}, line {self._index + 1})"))
 
     def _step(self, action: str) -> Outcome:
-        content, calls = split_reply(action)
+        _, calls = split_reply(action)
         if calls:
             results = []
             for call in calls:
@@ -134,7 +133,7 @@ class NemoGymEnv(ForeignAgentEnv):
         numbers = {k: float(v) for k, v in verdict.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "reward"}
         return Outcome([], reward, True, {"verify": reward, **numbers},
-                       info={"nemo_gym_verify": plain_json({k: v for k, v in verdict.items() if k not in ("response",
+                       info={"nemo_gym_verify": encode_value({k: v for k, v in verdict.items() if k not in ("response",
                                                                                                  "responses_create_params")})})
 
     def _response(self) -> dict[str, Any]:

@@ -24,7 +24,8 @@ import json
 from typing import Any
 
 from relax_gym.envs.core import Opening, Outcome
-from relax_gym.envs.interop.adapter import ForeignAgentEnv, fill_gold, plain_json
+from relax_gym.envs.interop.adapter import ForeignAgentEnv, fill_gold
+from relax_gym.envs.remote.wire import encode_value
 from relax_gym.omni import Message, TextPart
 
 
@@ -57,7 +58,7 @@ class OpenEnvEnv(ForeignAgentEnv):
         state = self._call("state", client.state) if self.gold_template else {}
         fields = {**(state if isinstance(state, dict) else {}), **observation}
         gold = fill_gold(self.gold_template, fields, where=self._where("gold"))
-        return Opening(self._messages(observation), gold, {"openenv_observation": plain_json(observation)})
+        return Opening(self._messages(observation), gold, {"openenv_observation": encode_value(observation)})
 
     def _step(self, action: str) -> Outcome:
         client = self._connect()
@@ -65,7 +66,7 @@ class OpenEnvEnv(ForeignAgentEnv):
         observation = self._observation("step", result)
         reward = 0.0 if result.reward is None else self._reward("step", result.reward)
         return Outcome(self._messages(observation), reward, bool(result.done), {"openenv": reward},
-                       info={"openenv_observation": plain_json(observation)})
+                       info={"openenv_observation": encode_value(observation)})
 
     def _observation(self, call: str, result: Any) -> dict[str, Any]:
         observation = getattr(result, "observation", None)
@@ -78,7 +79,7 @@ class OpenEnvEnv(ForeignAgentEnv):
 
     def _messages(self, observation: dict[str, Any]) -> list[Message]:
         text = (observation[self.observation_field] if self.observation_field is not None
-                else json.dumps(plain_json(observation), sort_keys=True))
+                else json.dumps(encode_value(observation), sort_keys=True))
         return [Message("user", (TextPart(text),))] if text.strip() else []
 
     def close(self) -> None:

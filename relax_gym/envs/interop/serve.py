@@ -19,11 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import relax_gym
 from relax_gym.envs.interop.frameworks import FRAMEWORKS, Framework
 from relax_gym.envs.interop.venvs import cache_root, framework_python
-from relax_gym.envs.remote.client import RemoteEnv
-from relax_gym.envs.remote.launcher import ServerStartError, served_env, wait_ready
+from relax_gym.envs.remote.launcher import ServerStartError, bootstrap, served_env, wait_ready
 from relax_gym.envs.remote.wire import encode_value
 from relax_gym.watchdog import guard
 
@@ -46,17 +44,6 @@ def manifest_for(fw: Framework, python: Path) -> Path:
     return path
 
 
-# runs in the framework's venv: its own relax_gym if it has one, else this checkout's (appended to the path)
-_OPENENV_BOOTSTRAP = """\
-import importlib.util, sys
-_spec = importlib.util.find_spec("relax_gym")
-if _spec is None or _spec.origin is None:
-    sys.path.append({root!r})
-from relax_gym.envs.interop.openenv_serve import main
-main(sys.argv[1:])
-"""
-
-
 def start_openenv_server(env_id: str, *, host: str = "127.0.0.1", port: int = 0, kwargs: dict[str, Any] | None = None,
                          max_sessions: int = 64, venv: str | None = None, startup_timeout_s: float = 300.0
                          ) -> tuple[subprocess.Popen, str]:
@@ -66,8 +53,8 @@ def start_openenv_server(env_id: str, *, host: str = "127.0.0.1", port: int = 0,
     python = framework_python(fw, venv)
     workdir = Path(tempfile.mkdtemp(prefix="relax-gym-openenv-"))
     ready = workdir / "ready.json"
-    cmd = [str(python), "-c", _OPENENV_BOOTSTRAP.format(root=str(Path(relax_gym.__file__).resolve().parent.parent)),
-           env_id, "--host", host, "--port", str(port), "--max-sessions", str(max_sessions), "--ready-file", str(ready)]
+    cmd = [str(python), "-c", bootstrap("relax_gym.envs.interop.openenv_serve"), env_id, "--host", host,
+           "--port", str(port), "--max-sessions", str(max_sessions), "--ready-file", str(ready)]
     if kwargs:
         (workdir / "kwargs.json").write_text(json.dumps(encode_value(kwargs)))
         cmd += ["--kwargs-file", str(workdir / "kwargs.json")]

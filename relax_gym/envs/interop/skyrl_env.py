@@ -30,14 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from relax_gym.envs.core import Opening, Outcome
-from relax_gym.envs.interop.adapter import ForeignAgentEnv, fill_gold, plain_json
+from relax_gym.envs.interop.adapter import ForeignAgentEnv, TaskFileError, TaskPicker, fill_gold
+from relax_gym.envs.remote.wire import encode_value
 from relax_gym.omni import Message, from_openai
 
 GOLD = {"gsm8k": "#### {ground_truth}"}
-
-
-class TaskFileError(ValueError):
-    """A task file is not in SkyRL's dataset layout; the message names the file, the row and the field."""
 
 
 def read_tasks(path: Path, env_class: str) -> list[dict[str, Any]]:
@@ -87,12 +84,10 @@ class SkyRLGymEnv(ForeignAgentEnv):
         from omegaconf import OmegaConf
 
         super().__init__(env_id, call_timeout_s=call_timeout_s, max_turns=max_turns, **kwargs)
-        if pick not in ("random", "cycle"):
-            raise ValueError(f"pick must be 'random' or 'cycle', got {pick!r}")
         self._skyrl, self._config = skyrl_gym, OmegaConf.create(dict(env_config or {}))
         self.data_file = Path(data_file)
         self.tasks = read_tasks(self.data_file, env_id)
-        self.pick = pick
+        self.picker = TaskPicker(pick)
         self.turn_limit = max_turns  # what a task's env may not exceed
         self.gold_template = gold if gold is not None else GOLD.get(env_id)
         self.reward_range_ = tuple(reward_bounds)
@@ -100,7 +95,7 @@ class SkyRLGymEnv(ForeignAgentEnv):
 
     def _reset(self, options: dict[str, Any]) -> Opening:
         self._close_env()
-        index = self._pick_task(len(self.tasks))
+        index = self.picker.next(len(self.tasks), self.np_random)
         row = self.tasks[index]
         extras = {k: v for k, v in row.items() if k not in ("prompt", "env_class")}
         self._env = self._call("make", lambda: self._skyrl.make(self.env_id, env_config=self._config, extras=extras))
@@ -115,7 +110,7 @@ class SkyRLGymEnv(ForeignAgentEnv):
         self.max_turns = max(1, min(int(getattr(self._env, "max_turns", 1) or 1), self.turn_limit))
         fields = {**(row.get("extra_info") or {}), **(row.get("reward_spec") or {})}
         gold = fill_gold(self.gold_template, fields, where=self._where(f"gold ({self.data_file}, row {index + 1})"))
-        return Opening(messages, gold, {"task_index": index, "skyrl_metadata": plain_json(metadata)})
+        return Opening(messages, gold, {"task_index": index, "skyrl_metadata": encode_value(metadata)})
 
     def _step(self, action: str) -> Outcome:
         out = self._call("step", lambda: self._env.step(action))
@@ -124,7 +119,7 @@ class SkyRLGymEnv(ForeignAgentEnv):
         reward = self._reward("step", out["reward"])
         messages = self._messages("step", out["observations"] or [])
         return Outcome(messages, reward, bool(out["done"]), {"skyrl": reward},
-                       info={"skyrl_metadata": plain_json(out.get("metadata") or {})})
+                       info={"skyrl_metadata": encode_value(out.get("metadata") or {})})
 
     def _messages(self, call: str, conversation: Any) -> list[Message]:
         if not isinstance(conversation, list):

@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from relax_gym.envs.cache import cache_home
 from relax_gym.envs.interop.frameworks import Framework
 from relax_gym.envs.remote.launcher import log_tail
 
@@ -42,8 +43,7 @@ class FrameworkVenvError(RuntimeError):
 
 
 def cache_root() -> Path:
-    cache = os.environ.get("RELAX_GYM_CACHE")
-    return (Path(cache).expanduser() if cache else Path.home() / ".cache" / "relax-gym") / "interop"
+    return cache_home() / "interop"
 
 
 def venv_var(fw: Framework) -> str:

@@ -32,7 +32,8 @@ import time
 from typing import Any
 
 from relax_gym.envs.core import Opening, Outcome
-from relax_gym.envs.interop.adapter import ForeignAgentEnv, ForeignEnvError, fill_gold, plain_json
+from relax_gym.envs.interop.adapter import ForeignAgentEnv, ForeignEnvError, TaskPicker, fill_gold
+from relax_gym.envs.remote.wire import encode_value
 from relax_gym.omni import Message, from_openai
 
 MODEL_NAME = "relax-gym-policy"
@@ -47,8 +48,9 @@ class VerifiersEnv(ForeignAgentEnv):
                  gold: str | None = "{answer}", reward_bounds: tuple[float, float] = (0.0, 1.0), max_turns: int = 16,
                  call_timeout_s: float = 300.0, **kwargs: Any) -> None:
         super().__init__(env_id, call_timeout_s=call_timeout_s, max_turns=max_turns, **kwargs)
-        if split not in ("train", "eval") or pick not in ("random", "cycle"):
-            raise ValueError(f"split must be 'train' or 'eval' and pick 'random' or 'cycle', got {split!r}, {pick!r}")
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        self.picker = TaskPicker(pick)
         import verifiers.legacy as vf  # the classic stack (`import verifiers as vf` in env packages reaches it too)
 
         self._vf = vf
@@ -60,7 +62,6 @@ class VerifiersEnv(ForeignAgentEnv):
         self.rows = [dict(row) for row in data]
         if not self.rows:
             raise self._malformed(f"get_{'eval_' if split == 'eval' else ''}dataset", "no rows")
-        self.pick = pick
         self.gold_template = gold
         self.reward_range_ = tuple(reward_bounds)
         self._events: asyncio.Queue | None = None
@@ -86,7 +87,7 @@ class VerifiersEnv(ForeignAgentEnv):
 
     def _reset(self, options: dict[str, Any]) -> Opening:
         self._stop_rollout()
-        index = self._pick_task(len(self.rows))
+        index = self.picker.next(len(self.rows), self.np_random)
         row = self.rows[index]
         info = row.get("info") or {}
         rollout_input = {"prompt": row["prompt"], "example_id": row.get("example_id", index),
@@ -113,7 +114,7 @@ class VerifiersEnv(ForeignAgentEnv):
             raise ForeignEnvError(self._where(f"rollout raised {type(payload).__name__}: {payload}"))
         error = payload.get("error")
         if error:
-            raise ForeignEnvError(self._where(f"rollout ended with an error: {plain_json(error)}"))
+            raise ForeignEnvError(self._where(f"rollout ended with an error: {encode_value(error)}"))
         reward = self._reward("rubric", payload.get("reward"))
         metrics = {k: float(v) for k, v in (payload.get("metrics") or {}).items() if isinstance(v, (int, float))}
         return Outcome([], reward, True, metrics, info={"stop_condition": payload.get("stop_condition")})
@@ -159,7 +160,7 @@ class VerifiersEnv(ForeignAgentEnv):
     def _ending(payload: Any) -> str:
         if isinstance(payload, BaseException):
             return f"{type(payload).__name__}: {payload}"
-        return f"error {plain_json(payload.get('error'))}" if isinstance(payload, dict) else repr(payload)
+        return f"error {encode_value(payload.get('error'))}" if isinstance(payload, dict) else repr(payload)
 
     def _stop_rollout(self) -> None:
         task, self._rollout, self._pending = self._rollout, None, None

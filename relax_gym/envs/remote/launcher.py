@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import relax_gym
+from relax_gym.envs.cache import cache_home
 from relax_gym.envs.manifest import EnvManifest, ManifestError, load_manifest
 from relax_gym.envs.remote.client import RemoteEnv
 from relax_gym.envs.remote.access import TOKEN_VAR
@@ -44,9 +45,14 @@ import importlib.util, sys
 _spec = importlib.util.find_spec("relax_gym")
 if _spec is None or _spec.origin is None:
     sys.path.append({root!r})
-from relax_gym.envs.remote.server import main
+from {module} import main
 sys.exit(main(sys.argv[1:]))
 """
+
+
+def bootstrap(module: str) -> str:
+    """``python -c`` code that runs ``module``'s ``main(argv)`` with the child's own relax_gym, else this one's."""
+    return _BOOTSTRAP.format(root=str(Path(relax_gym.__file__).resolve().parent.parent), module=module)
 
 
 class ServerStartError(RuntimeError):
@@ -87,8 +93,7 @@ _lock = threading.Lock()
 
 
 def log_dir() -> Path:
-    cache = os.environ.get("RELAX_GYM_CACHE")
-    return (Path(cache).expanduser() if cache else Path.home() / ".cache" / "relax-gym") / "env-servers"
+    return cache_home() / "env-servers"
 
 
 def served_env(*, relax_manifest: str, **kwargs: Any) -> RemoteEnv:
@@ -148,8 +153,7 @@ def _start(path: Path, m: EnvManifest, kwargs: dict[str, Any]) -> ServerProcess:
     workdir = Path(tempfile.mkdtemp(prefix=f"relax-gym-env-{m.id}-"))
     ready = workdir / "ready.json"
     token = secrets.token_hex(16)
-    root = str(Path(relax_gym.__file__).resolve().parent.parent)
-    cmd = [str(python), "-c", _BOOTSTRAP.format(root=root), m.id, "--manifest", str(path), "--host", "127.0.0.1",
+    cmd = [str(python), "-c", bootstrap("relax_gym.envs.remote.server"), m.id, "--manifest", str(path), "--host", "127.0.0.1",
            "--port", "0", "--ready-file", str(ready), "--spool", str(workdir / "spool"), "--parent-pid", str(os.getpid())]
     if kwargs:  # in a file of the private workdir, not on the command line (kwargs may hold credentials)
         kwargs_file = workdir / "kwargs.json"
