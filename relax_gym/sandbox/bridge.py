@@ -8,6 +8,11 @@ run by the sandbox's own python) listens on the sandbox's loopback and forwards 
 agent program talks plain HTTP to ``http://127.0.0.1:8765``. The sandbox still has no route anywhere: the socket
 reaches exactly one host port, chosen by the trusted side, and the target must be a loopback address.
 
+The other way, :class:`SocketPort` lets the host reach a server that runs in such a sandbox (an OpenEnv env's
+image): the forwarder (``--expose``) listens on a Unix socket in a directory the host mounted writable and dials
+the server on the sandbox's loopback; on the host a loopback TCP port dials that socket. The sandbox gains no
+route: it only answers connections the host makes.
+
 Recipe, with ``import openai`` from :mod:`relax_gym.sandbox.pyruntime`::
 
     bridge = shared_bridge("127.0.0.1", server_port)        # one per target per process, closed at exit
@@ -80,49 +85,33 @@ def _private_dir(prefix: str) -> str:
     return path
 
 
-class SocketBridge:
-    """Unix socket ``<directory>/<name>.sock`` -> TCP ``target_host:target_port`` (loopback only).
+class _Relay:
+    """Accepts on ``listener`` and splices each connection, byte for byte, to a new one from :meth:`_dial`.
 
-    The directory is a fresh private temp dir (0755) holding only the socket (0666), so the sandbox uid can connect
-    through a read-only bind mount of it. One thread accepts; each connection gets two copying threads, and either
-    side's EOF is passed on as a half-close; beyond ``max_connections`` open at once a new one is closed at once. ``close()`` is idempotent: it stops accepting, cuts open connections and
-    removes the directory."""
+    One thread accepts; each connection gets two copying threads, and either side's EOF is passed on as a
+    half-close; beyond ``max_connections`` open at once a new one is closed at once. ``close()`` is idempotent: it
+    stops accepting and cuts open connections."""
 
-    def __init__(self, target_host: str, target_port: int, name: str = "api",
-                 max_connections: int = MAX_CONNECTIONS) -> None:
-        self.target_host = check_loopback(target_host)
-        if not (isinstance(target_port, int) and 0 < target_port < 65536):
-            raise ValueError(f"bridge target port {target_port!r} is not a TCP port")
-        if not name or "/" in name or name.startswith("."):
-            raise ValueError(f"bridge name {name!r} must be a plain file name")
-        self.target_port = target_port
+    def __init__(self, listener: socket.socket, max_connections: int, thread_name: str) -> None:
         self.max_connections = max_connections
-        self.owner_pid = os.getpid()  # a forked child's exit must not remove its parent's socket
-        self.directory = _private_dir("relax-gym-bridge-")
-        self.socket_path = os.path.join(self.directory, f"{name}.sock")
+        self._listener = listener
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._clients = 0  # connections being served (each holds a client socket and, once connected, an upstream)
         self._closed = False
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._listener.bind(self.socket_path)
-            os.chmod(self.socket_path, 0o666)
-            self._listener.listen(BACKLOG)
-        except BaseException:
-            self._listener.close()
-            shutil.rmtree(self.directory, ignore_errors=True)
-            raise
         self._wake_r, self._wake_w = os.pipe()
-        self._thread = threading.Thread(target=self._serve, name=f"relax-gym-bridge-{target_port}", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name=thread_name, daemon=True)
         self._thread.start()
+
+    def _dial(self) -> socket.socket:
+        raise NotImplementedError
+
+    def _cleanup(self) -> None:
+        """What a relay removes after it stopped (its socket's directory, say)."""
 
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def __repr__(self) -> str:
-        return f"SocketBridge({self.socket_path} -> {self.target_host}:{self.target_port})"
 
     def _serve(self) -> None:
         sel = selectors.DefaultSelector()
@@ -164,7 +153,7 @@ class SocketBridge:
             if not counted:
                 return
             try:
-                upstream = socket.create_connection((self.target_host, self.target_port), timeout=CONNECT_TIMEOUT_S)
+                upstream = self._dial()
             except OSError as e:
                 log.debug("%r: cannot reach the target: %s", self, e)
                 return
@@ -195,13 +184,89 @@ class SocketBridge:
         for fd in (self._wake_r, self._wake_w):
             os.close(fd)
         self._listener.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self._cleanup()
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SocketBridge(_Relay):
+    """Unix socket ``<directory>/<name>.sock`` -> TCP ``target_host:target_port`` (loopback only): a sandbox reaches
+    one server on the host.
+
+    The directory is a fresh private temp dir (0755) holding only the socket (0666), so the sandbox uid can connect
+    through a read-only bind mount of it. ``close()`` also removes the directory."""
+
+    def __init__(self, target_host: str, target_port: int, name: str = "api",
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        self.target_host = check_loopback(target_host)
+        if not (isinstance(target_port, int) and 0 < target_port < 65536):
+            raise ValueError(f"bridge target port {target_port!r} is not a TCP port")
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"bridge name {name!r} must be a plain file name")
+        self.target_port = target_port
+        self.owner_pid = os.getpid()  # a forked child's exit must not remove its parent's socket
+        self.directory = _private_dir("relax-gym-bridge-")
+        self.socket_path = os.path.join(self.directory, f"{name}.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(self.socket_path)
+            os.chmod(self.socket_path, 0o666)
+            listener.listen(BACKLOG)
+        except BaseException:
+            listener.close()
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+        super().__init__(listener, max_connections, f"relax-gym-bridge-{target_port}")
+
+    def __repr__(self) -> str:
+        return f"SocketBridge({self.socket_path} -> {self.target_host}:{self.target_port})"
+
+    def _dial(self) -> socket.socket:
+        return socket.create_connection((self.target_host, self.target_port), timeout=CONNECT_TIMEOUT_S)
+
+    def _cleanup(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class SocketPort(_Relay):
+    """TCP ``127.0.0.1:<port>`` (a free port) -> Unix socket ``socket_path``: the host reaches a server in a sandbox
+    with no network, whose ``forward_in_sandbox.py --expose`` listens on that socket (in a directory the host made
+    and mounted writable). ``url`` is ``http://127.0.0.1:<port>``; ``close()`` leaves the socket's directory to
+    its owner."""
+
+    def __init__(self, socket_path: str, host: str = "127.0.0.1", max_connections: int = MAX_CONNECTIONS) -> None:
+        self.socket_path = socket_path
+        family = socket.AF_INET6 if ":" in check_loopback(host) else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.bind((host, 0))
+            listener.listen(BACKLOG)
+        except BaseException:
+            listener.close()
+            raise
+        self.host, self.port = host, listener.getsockname()[1]
+        super().__init__(listener, max_connections, f"relax-gym-port-{self.port}")
+
+    @property
+    def url(self) -> str:
+        return f"http://{'[' + self.host + ']' if ':' in self.host else self.host}:{self.port}"
+
+    def __repr__(self) -> str:
+        return f"SocketPort({self.host}:{self.port} -> {self.socket_path})"
+
+    def _dial(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(CONNECT_TIMEOUT_S)
+            sock.connect(self.socket_path)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
 
 _shared: dict[tuple[str, int], SocketBridge] = {}

@@ -633,6 +633,19 @@ class DockerBackend(Backend):
             channel.close()
         self._pool.submit(self._remove, container_id)
 
+    def image_config(self, image: str) -> dict[str, Any]:
+        """The image's ``Config`` (Cmd, Entrypoint, WorkingDir, Env, ExposedPorts, ...) as the engine reports it."""
+        problem = self.check()
+        if problem:
+            raise SandboxUnavailable(f"docker sandbox backend cannot run here: {problem}")
+        try:
+            return self._api().inspect_image(image).get("Config") or {}
+        except _errors().ImageNotFound:
+            raise SandboxError(f"image {image!r} not found in the local Docker engine (no registry is used: "
+                               f"`docker load`, `docker build` or `docker import` it first)") from None
+        except _failures() as e:
+            raise SandboxError(f"cannot inspect image {image!r}: {e}") from e
+
     def _ensure_image(self, image: str) -> None:
         from relax_gym.sandbox import image as images
 
@@ -689,6 +702,7 @@ class DockerBackend(Backend):
             api.create_container, spec.image, _init_command(spec), user=f"{spec.uid}:{spec.gid}",
             environment=env, working_dir=spec.workdir, labels=labels, name=sandbox_id, host_config=host_config,
             detach=True, stdin_open=True, tty=False,
+            healthcheck={"test": ["NONE"]},  # an image's own HEALTHCHECK would run processes beside our PID 1's
         )
         try:
             try:

@@ -1,12 +1,18 @@
-"""Inside a sandbox: forward a loopback TCP port to a Unix socket while a command runs (stdlib only).
+"""Inside a sandbox: forward between the sandbox's loopback and a Unix socket while a command runs (stdlib only).
 
     python3 -S forward_in_sandbox.py --socket /run/relax/api.sock --listen 127.0.0.1:8765 [--env K=V ...] [--env-file PATH] -- CMD ...
+    python3 -S forward_in_sandbox.py --expose /run/relax-env/env.sock --to 127.0.0.1:8000 [--cwd DIR] -- CMD ...
 
-Listens on the sandbox's own loopback before CMD starts (so CMD can connect at once), forwards every connection
-byte for byte to the Unix socket (a relax-gym SocketBridge on the host), runs CMD as a child with this environment
-plus the ``--env`` pairs, passes SIGTERM / SIGINT / SIGHUP on to it, and exits with CMD's status (128 + signal
-when a signal ended it). The forwarding threads end with this process. Runs on the sandbox's python, so it must
-import nothing but the standard library (``-S``: not even site-packages).
+Out (``--socket``/``--listen``): listens on the sandbox's own loopback before CMD starts (so CMD can connect at
+once) and forwards every connection byte for byte to the Unix socket (a relax-gym SocketBridge on the host).
+In (``--expose``/``--to``): listens on a new Unix socket (in a directory the host mounted writable) and forwards
+every connection to a server CMD runs on the sandbox's loopback (a relax-gym SocketPort on the host dials it), so
+the host reaches a server in a sandbox that has no network.
+
+Either way it runs CMD as a child (in ``--cwd``) with this environment plus the ``--env`` pairs, passes SIGTERM /
+SIGINT / SIGHUP on to it, and exits with CMD's status (128 + signal when a signal ended it). The forwarding threads
+end with this process. Runs on the sandbox's python, so it must import nothing but the standard library (``-S``:
+not even site-packages).
 """
 
 import argparse
@@ -52,47 +58,85 @@ def splice(a, b):
     back.join()
 
 
-def _handle(client, socket_path):
-    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _handle(client, dial, target):
     try:
         try:
-            upstream.connect(socket_path)
+            upstream = dial()
         except OSError as e:
-            sys.stderr.write(f"forward_in_sandbox: cannot connect to {socket_path}: {e}\n")
+            sys.stderr.write(f"forward_in_sandbox: cannot connect to {target}: {e}\n")
             return
-        splice(client, upstream)
+        try:
+            splice(client, upstream)
+        finally:
+            upstream.close()
     finally:
         client.close()
-        upstream.close()
 
 
-def _serve(listener, socket_path):
+def _serve(listener, dial, target):
     while True:
         try:
             client, _ = listener.accept()
         except OSError:  # e.g. out of descriptors: wait for some to be freed
             time.sleep(0.01)
             continue
-        threading.Thread(target=_handle, args=(client, socket_path), daemon=True).start()
+        threading.Thread(target=_handle, args=(client, dial, target), daemon=True).start()
+
+
+def _address(spec, flag):
+    host, sep, port = spec.rpartition(":")
+    if not sep or not port.isdigit():
+        raise SystemExit(f"forward_in_sandbox: {flag} must be HOST:PORT, not {spec!r}")
+    host = host.strip("[]") or "127.0.0.1"
+    return (socket.AF_INET6 if ":" in host else socket.AF_INET), (host, int(port))
 
 
 def _listen(spec):
-    host, sep, port = spec.rpartition(":")
-    if not sep or not port.isdigit():
-        raise SystemExit(f"forward_in_sandbox: --listen must be HOST:PORT, not {spec!r}")
-    host = host.strip("[]") or "127.0.0.1"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    family, address = _address(spec, "--listen")
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((host, int(port)))
+    listener.bind(address)
     listener.listen(128)
     return listener
 
 
+def _listen_unix(path):
+    if os.path.exists(path):  # a socket left by an earlier run in the same directory
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o666)
+    listener.listen(128)
+    return listener
+
+
+def _dialer(family, address):
+    def dial():
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.connect(address)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    return dial
+
+
+def _forwarding(args):
+    """(listener, dial, what the connections go to) for the direction the arguments ask for."""
+    if args.expose:
+        family, address = _address(args.to, "--to")
+        return _listen_unix(args.expose), _dialer(family, address), args.to
+    return _listen(args.listen), _dialer(socket.AF_UNIX, args.socket), args.socket
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="forward_in_sandbox", description=__doc__.split("\n")[0])
-    parser.add_argument("--socket", required=True, help="the Unix socket to forward to")
-    parser.add_argument("--listen", default="127.0.0.1:8765", help="HOST:PORT to listen on (loopback)")
+    parser.add_argument("--socket", help="out: the Unix socket to forward to")
+    parser.add_argument("--listen", default="127.0.0.1:8765", help="out: HOST:PORT to listen on (loopback)")
+    parser.add_argument("--expose", metavar="PATH", help="in: the Unix socket to listen on")
+    parser.add_argument("--to", default="127.0.0.1:8000", help="in: HOST:PORT (the sandbox's loopback) to forward to")
+    parser.add_argument("--cwd", default=None, metavar="DIR", help="run CMD in DIR")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="add to CMD's environment")
     parser.add_argument("--env-file", default=None, metavar="PATH",
                         help="KEY=VALUE lines added to CMD's environment; the file is deleted once read (for secrets "
@@ -102,6 +146,8 @@ def main(argv=None):
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         parser.error("no command given (put it after --)")
+    if bool(args.socket) == bool(args.expose):
+        parser.error("give one of --socket (out of the sandbox) and --expose (into it)")
     env = dict(os.environ)
     for pair in args.env:
         key, sep, value = pair.partition("=")
@@ -124,13 +170,13 @@ def main(argv=None):
             if line:
                 env[key] = value
     try:
-        listener = _listen(args.listen)
+        listener, dial, target = _forwarding(args)
     except OSError as e:
-        sys.stderr.write(f"forward_in_sandbox: cannot listen on {args.listen}: {e}\n")
+        sys.stderr.write(f"forward_in_sandbox: cannot listen on {args.expose or args.listen}: {e}\n")
         return 125
-    threading.Thread(target=_serve, args=(listener, args.socket), daemon=True).start()
+    threading.Thread(target=_serve, args=(listener, dial, target), daemon=True).start()
     try:
-        child = subprocess.Popen(cmd, env=env)
+        child = subprocess.Popen(cmd, env=env, cwd=args.cwd)
     except OSError as e:
         sys.stderr.write(f"forward_in_sandbox: cannot run {cmd[0]}: {e}\n")
         return 127 if isinstance(e, FileNotFoundError) else 126

@@ -1,4 +1,5 @@
-"""SocketBridge and forward_in_sandbox: a sandbox without a network reaches one HTTP server on the host's loopback.
+"""SocketBridge and forward_in_sandbox: a sandbox without a network reaches one HTTP server on the host's loopback
+(and, with SocketPort and ``--expose``, the host reaches a server in a sandbox).
 
 Host-side unit tests (loopback-only targets, byte-for-byte forwarding with half-close, many connections, clean
 close), then on every backend: the sandbox has only ``lo``, a host loopback server cannot be reached directly, and
@@ -23,6 +24,7 @@ import pytest
 from relax_gym.sandbox.bridge import (
     DEFAULT_LISTEN_PORT,
     SocketBridge,
+    SocketPort,
     bridge_mounts,
     bridged_command,
     forwarder_dir,
@@ -226,6 +228,33 @@ def test_forwarder_runs_the_command_and_returns_its_status(echo):
     r = subprocess.run([sys.executable, "-S", str(forwarder_script_path()), "--socket", "/x", "--", "sh", "-c",
                         "kill -9 $$"], capture_output=True, timeout=60, check=False)
     assert r.returncode == 128 + 9
+
+
+def test_expose_and_socket_port_reach_a_server_the_other_way(echo, tmp_path):
+    """In: the forwarder's ``--expose`` listens on a Unix socket and dials a server on its loopback; SocketPort gives
+    that socket a loopback TCP port (how the host reaches an OpenEnv image's server in a sandbox)."""
+    sock = tmp_path / "env.sock"
+    child = "import os, sys; print(os.getcwd(), flush=True); sys.stdin.read()"  # runs until we close its stdin
+    proc = subprocess.Popen([sys.executable, "-I", "-S", str(forwarder_script_path()), "--expose", str(sock), "--to",
+                             f"127.0.0.1:{echo.port}", "--cwd", str(tmp_path), "--", sys.executable, "-c", child],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == str(tmp_path)  # CMD runs in --cwd, after the socket listens
+        assert stat.S_IMODE(os.stat(sock).st_mode) == 0o666
+        with SocketPort(str(sock)) as port:
+            assert port.url == f"http://127.0.0.1:{port.port}"
+            with socket.create_connection(("127.0.0.1", port.port)) as s:
+                s.sendall(b"ping")
+                s.shutdown(socket.SHUT_WR)
+                assert b"".join(iter(lambda: s.recv(65536), b"")) == b"echo:ping"
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    with pytest.raises(ValueError, match="not a loopback address"):
+        SocketPort(str(sock), host="0.0.0.0")
+    both = subprocess.run([sys.executable, "-I", "-S", str(forwarder_script_path()), "--socket", str(sock),
+                           "--expose", str(sock), "--", "true"], capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and "give one of --socket (out of the sandbox) and --expose (into it)" in both.stderr
 
 
 def test_bridged_command_and_mounts_recipe():

@@ -35,14 +35,19 @@ class OpenEnvEnv(ForeignAgentEnv):
 
     def __init__(self, env_id: str, *, action_field: str = "message", observation_field: str | None = None,
                  gold: str | None = None, reward_bounds: tuple[float, float] = (0.0, 1.0), max_turns: int = 16,
-                 call_timeout_s: float = 300.0, **kwargs: Any) -> None:
+                 call_timeout_s: float = 300.0, image: str | None = None, **kwargs: Any) -> None:
+        """``image``: the Docker image whose server ``env_id`` reaches (named in errors; set by ``make``)."""
         from openenv.core.generic_client import GenericEnvClient
 
         super().__init__(env_id, call_timeout_s=call_timeout_s, max_turns=max_turns, **kwargs)
+        self.image = image
         self.action_field, self.observation_field, self.gold_template = action_field, observation_field, gold
         self.reward_range_ = tuple(reward_bounds)
         self._client_cls = GenericEnvClient
         self._client: Any = None
+
+    def _where(self, call: str) -> str:
+        return f"OpenEnv {self.image} at {self.env_id}: {call}" if self.image else super()._where(call)
 
     def _connect(self) -> Any:
         if self._client is None or self._stuck:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_gym.envs.interop.frameworks import FRAMEWORKS, Framework
+from relax_gym.envs.interop.openenv_image import image_url, is_image
 from relax_gym.envs.interop.venvs import cache_root, framework_python
 from relax_gym.envs.remote.launcher import ServerStartError, bootstrap, served_env, wait_ready
 from relax_gym.envs.remote.wire import encode_value
@@ -72,7 +73,14 @@ def start_openenv_server(env_id: str, *, host: str = "127.0.0.1", port: int = 0,
 def make_foreign(fw: Framework, foreign_id: str, *, venv: str | None = None, **kwargs: Any) -> Any:
     """``fw``'s env ``foreign_id`` with ``kwargs`` (the adapter's), served from ``fw``'s venv (``venv``: the user's
     own instead of the one made here); a framework with no package of its own (a protocol spoken from here) is its
-    adapter, made in this process."""
+    adapter, made in this process. An OpenEnv id that is no URL is a Docker image: its server runs in a docker
+    sandbox first (``sandbox``: its limits, :mod:`relax_gym.envs.interop.openenv_image`) and the env is its URL."""
+    if fw.scheme == "openenv":
+        sandbox = kwargs.pop("sandbox", None)
+        if is_image(foreign_id):
+            kwargs["image"], foreign_id = foreign_id, image_url(foreign_id, sandbox)
+        elif sandbox is not None:
+            raise ValueError(f"openenv:{foreign_id}: sandbox= sets the limits of an image's sandbox; a URL has none")
     if not fw.requirements:
         module, _, name = fw.adapter.partition(":")
         return getattr(importlib.import_module(module), name)(foreign_id, **kwargs)

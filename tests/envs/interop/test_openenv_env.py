@@ -19,56 +19,16 @@ from relax_gym.envs.interop.venvs import ensure_venv
 from relax_gym.envs.remote import RemoteEnv
 from relax_gym.envs.remote.launcher import wait_ready
 
+from .openenv_example import ENVIRONMENT, MODELS
 from .training import train_three_steps, write_recipe
 
 # OpenEnv's pattern: models, an Environment, create_fastapi_app; served on a socket bound before uvicorn starts
-SERVER = r'''
-import json, random, socket, sys
+SERVER = MODELS + ENVIRONMENT + r'''
+import json, socket, sys
 import uvicorn
 from openenv.core.env_server.http_server import create_fastapi_app
-from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, Observation, State
 
-WORDS = ["amber", "basil", "cedar", "delta", "ember", "fjord", "glade", "heron"]
-
-
-class SayAction(Action):
-    message: str
-
-
-class SayObservation(Observation):
-    prompt: str = ""
-
-
-class SecretState(State):
-    secret: str = ""
-
-
-class EchoSecretEnv(Environment):
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def __init__(self):
-        super().__init__()
-        self._state = SecretState(episode_id=None, step_count=0)
-
-    def reset(self, seed=None, episode_id=None, **kwargs):
-        secret = random.Random(seed).choice(WORDS)
-        self._state = SecretState(episode_id=episode_id, step_count=0, secret=secret)
-        return SayObservation(prompt=f"Say the word {secret} back, and nothing else.", done=False, reward=None)
-
-    def step(self, action, timeout_s=None, **kwargs):
-        self._state.step_count += 1
-        if action.message == "break the board":
-            raise RuntimeError("the board broke")
-        right = action.message.strip().lower() == self._state.secret
-        return SayObservation(prompt="Right." if right else "Wrong.", done=True, reward=1.0 if right else 0.0)
-
-    @property
-    def state(self):
-        return self._state
-
-
-app = create_fastapi_app(EchoSecretEnv, SayAction, SayObservation, max_concurrent_envs=32)
+app = create_fastapi_app(SecretWordEnvironment, SecretWordAction, SecretWordObservation, max_concurrent_envs=32)
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
 sock.listen(64)
