@@ -284,11 +284,15 @@ def envs_serve(
                                                                "default; never runner, sandbox, backend, dataset, *dir, *path, "
                                                                "*root, *file(s))")] = None,
     protocol: Annotated[str, typer.Option(help="relax: ours (docs/env-servers.md); openenv: OpenEnv's server and "
-                                               "clients, from the OpenEnv venv (docs/interop.md)")] = "relax",
+                                               "clients, from the OpenEnv venv; nemo-gym: a NeMo-Gym resources server "
+                                               "(docs/interop.md)")] = "relax",
+    rows: Annotated[Path | None, typer.Option(show_default=False, help="nemo-gym: write this many task rows "
+                                                                       "(--episodes) to this JSONL file first")] = None,
+    episodes: Annotated[int, typer.Option(min=1, help="nemo-gym: task rows to write with --rows (seeds 0..N-1)")] = 16,
 ) -> None:
     """Serve an environment over HTTP until interrupted: clients make it with
     relax_gym.make("remote:URL/ENV_ID") or a manifest's [server] url (docs/env-servers.md); with --protocol openenv,
-    OpenEnv's clients connect to it (docs/interop.md)."""
+    OpenEnv's clients connect to it; with --protocol nemo-gym, NeMo-Gym's agents (docs/interop.md)."""
     from relax_gym.envs import DatasetError, ManifestError, UnknownEnvError
     from relax_gym.envs.remote.server import EnvServer, ServeError
 
@@ -300,10 +304,13 @@ def envs_serve(
             raise _fail(f"--kwargs is not JSON: {exc}", 2) from None
         if not isinstance(fixed, dict):
             raise _fail("--kwargs must be a JSON object", 2)
-    if protocol not in ("relax", "openenv"):
-        raise _fail(f"--protocol must be relax or openenv, got {protocol!r}", 2)
+    if protocol not in ("relax", "openenv", "nemo-gym"):
+        raise _fail(f"--protocol must be relax, openenv or nemo-gym, got {protocol!r}", 2)
     if protocol == "openenv":
         _serve_openenv(env_id, host, port, fixed, max_sessions)
+        return
+    if protocol == "nemo-gym":
+        _serve_nemo_gym(env_id, host, port, fixed, max_sessions, rows, episodes)
         return
     try:
         server = EnvServer(env_id, host=host, port=port, token=token, max_sessions=max_sessions, idle_timeout_s=idle_timeout,
@@ -320,6 +327,37 @@ def envs_serve(
         pass
     finally:
         server.close()
+
+
+def _serve_nemo_gym(env_id: str, host: str, port: int, kwargs: dict[str, Any], max_sessions: int, rows: Path | None,
+                    episodes: int) -> None:
+    import socket
+
+    import uvicorn
+
+    from relax_gym.envs import DatasetError, UnknownEnvError
+    from relax_gym.envs.interop.nemo_gym_serve import build_app, task_rows, write_rows
+    from relax_gym.envs.remote.access import is_loopback
+
+    if not is_loopback(host):
+        raise _fail("--protocol nemo-gym serves loopback only (a resources server has no token)", 2)
+    try:
+        app = build_app(env_id, kwargs, max_sessions)
+        if rows is not None:
+            write_rows(str(rows), task_rows(env_id, episodes, kwargs=kwargs))
+    except (UnknownEnvError, DatasetError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    console.print(f"serving {env_id} to NeMo-Gym agents at {url}  (a resources server: /seed_session, one route a tool, "
+                  f"/verify{f'; {episodes} task rows in {rows}' if rows else ''}; Ctrl-C stops)")
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
 
 
 def _serve_openenv(env_id: str, host: str, port: int, kwargs: dict[str, Any], max_sessions: int) -> None:

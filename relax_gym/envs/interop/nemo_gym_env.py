@@ -12,8 +12,10 @@ process (it needs only httpx). A resources server holds an environment's tools a
 Tasks are rows of a JSONL file in NeMo-Gym's layout: ``{"responses_create_params": {"input": [messages], "tools":
 [{"type": "function", "name", "description", "parameters"}]}, ...}``. What maps to what:
 
-- reset picks a row (``pick``), opens a cookie session and seeds it; the opening is the row's ``input`` with its
-  tools written into the system message (the policy calls them as ``<tool_call>`` blocks, as with our own tools);
+- reset picks a row (``pick``), opens a cookie session and seeds it with the row (as NeMo-Gym's agents do); the
+  opening is the row's ``input`` (Responses API messages: ``input_text``, ``input_image`` data URLs and
+  ``input_audio`` become our parts, :mod:`relax_gym.envs.interop.responses_input`) with its tools written into the
+  system message (the policy calls them as ``<tool_call>`` blocks, as with our own tools);
 - a step whose action calls tools posts each call to its route: the results are tool messages (not terminal, reward
   0); a step without a tool call is the final answer: the rollout (each call as a ``function_call`` and its
   ``function_call_output``, the answer as an assistant ``message``) goes to ``/verify``, whose ``reward`` ends the
@@ -38,6 +40,7 @@ import httpx
 
 from relax_gym.envs.core import Opening, Outcome
 from relax_gym.envs.interop.adapter import ForeignAgentEnv, TaskFileError, TaskPicker, fill_gold
+from relax_gym.envs.interop.responses_input import ResponsesInputError, chat_from_responses_input
 from relax_gym.envs.remote.wire import encode_value
 from relax_gym.omni import Message, TextPart, from_openai
 from relax_gym.omni.openai_tools import split_reply
@@ -67,7 +70,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 class NemoGymEnv(ForeignAgentEnv):
     framework_title = "NeMo-Gym"
-    media_kinds = ()
+    media_kinds = ("image", "audio")  # Responses API input: input_image, input_audio (a video comes as frames)
 
     def __init__(self, env_id: str, *, data_file: str, gold: str | list[str] | None = None, pick: str = "random",
                  reward_bounds: tuple[float, float] = (0.0, 1.0), max_turns: int = 8, call_timeout_s: float = 300.0,
@@ -87,11 +90,13 @@ class NemoGymEnv(ForeignAgentEnv):
         index = self.picker.next(len(self.rows), self.np_random)
         self._row, self._output = self.rows[index], []
         self._http = httpx.Client(base_url=self.base_url, timeout=self.call_timeout_s)
-        self._post("seed_session", {})
+        self._post("seed_session", self._row)  # the whole row, as NeMo-Gym's agents send it
         params = self._row["responses_create_params"]
         items = params["input"] if isinstance(params["input"], list) else [{"role": "user", "content": params["input"]}]
-        conversation = [{"role": "system" if m.get("role") == "developer" else m.get("role"), "content": m.get("content")}
-                        for m in items]
+        try:
+            conversation = chat_from_responses_input(items)
+        except ResponsesInputError as exc:
+            raise TaskFileError(f"{self.data_file}, line {index + 1}: responses_create_params.{exc}") from None
         tools = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
                  for t in params.get("tools") or [] if t.get("type") == "function"]
         if tools:
