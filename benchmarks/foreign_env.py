@@ -1,5 +1,5 @@
-"""Foreign env overhead: what an episode of a GEM, skyrl-gym or verifiers env costs through relax-gym, against the
-framework called directly, per episode.
+"""Foreign env overhead: what an episode of a GEM, skyrl-gym, verifiers, OpenEnv or NeMo-Gym env costs through
+relax-gym, against the framework called directly, per episode.
 
 Three ways, the same episodes (same seeds / tasks, same actions), each played in rounds in turn so load swings hit
 all three:
@@ -7,11 +7,15 @@ all three:
 - ``raw``: the framework's own calls in its venv (GEM: ``gem.make`` once, ``reset(seed)``, a wrong guess, the
   right one; skyrl-gym: ``skyrl_gym.make("gsm8k", extras=row)``, ``init(prompt)``, ``step(answer)`` per task;
   verifiers: its own ``run_rollout`` of a one-turn ``SingleTurnEnv`` with a client that answers at once, rubric
-  scoring included);
+  scoring included; OpenEnv: its own ``GenericEnvClient`` to the docs' example env under OpenEnv's server,
+  ``reset(seed)``, ``state()`` (the secret), ``step``; NeMo-Gym: its protocol spoken with httpx from this process
+  to the weather resources server of tests/envs/interop/test_nemo_gym_env.py, ``/seed_session``, the tool's
+  route, ``/verify``);
 - ``adapter``: relax-gym's adapter (``GemEnv`` / ``SkyRLGymEnv`` / ``VerifiersEnv``) in that same venv,
   in-process: what the translation (messages, gold, the call deadline's thread, the rollout's event loop) adds;
 - ``served``: ``relax_gym.make("gem:...")`` from this process: the adapter behind its env server in the
-  framework's venv, what a trainer sees.
+  framework's venv, what a trainer sees. NeMo-Gym has no venv: its adapter runs in this process, so ``adapter``
+  and ``served`` are the same way, measured once.
 
 Prints the medians (ms per episode), served / raw, and the overhead per episode (served - raw). The venvs are made
 (or found) first (``relax-gym envs prepare``), outside the timing.
@@ -26,10 +30,12 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -39,6 +45,9 @@ from relax_gym.envs.interop.venvs import ensure_venv
 from relax_gym.envs.remote import launcher
 
 ROOT = str(Path(relax_gym.__file__).resolve().parent.parent)
+sys.path.insert(0, ROOT)  # the example OpenEnv env and NeMo-Gym resources server are the tests' own
+from tests.envs.interop.test_nemo_gym_env import GOLD, TOOL, WEATHER, resources_server, serve  # noqa: E402
+from tests.envs.interop.test_openenv_env import SERVER as OPENENV_SERVER  # noqa: E402
 GUESS = "game:GuessTheNumber-v0-easy"
 # the verifiers env: a module with load_environment, as verifiers' docs write one (on the path through PYTHONPATH)
 VF_MODULE = """
@@ -110,6 +119,19 @@ elif scheme == "verifiers":
         def episode(seed):
             _, info = env.reset(seed=seed)
             env.step(info["gold"])
+elif scheme == "openenv":
+    if how == "raw":
+        from openenv.core.generic_client import GenericEnvClient
+        client = GenericEnvClient(base_url=request["url"]).sync().connect()
+        def episode(seed):
+            client.reset(seed=seed)
+            client.step({"message": client.state()["secret"]})
+    else:
+        from relax_gym.envs.interop.openenv_env import OpenEnvEnv
+        env = OpenEnvEnv(request["url"], observation_field="prompt", gold="{secret}")
+        def episode(seed):
+            _, info = env.reset(seed=seed)
+            env.step(info["gold"])
 else:
     tasks = [json.loads(line) for line in open(request["data_file"])]
     if how == "raw":
@@ -136,8 +158,9 @@ print(json.dumps(times))
 """
 
 
-def in_venv(python: Path, scheme: str, how: str, episodes: int, data_file: str) -> list[float]:
-    request = {"root": ROOT, "scheme": scheme, "how": how, "episodes": episodes, "id": GUESS, "data_file": data_file}
+def in_venv(python: Path, scheme: str, how: str, episodes: int, data_file: str, url: str = "") -> list[float]:
+    request = {"root": ROOT, "scheme": scheme, "how": how, "episodes": episodes, "id": GUESS, "data_file": data_file,
+               "url": url}
     out = subprocess.run([str(python), "-c", IN_VENV, json.dumps(request)], check=True, capture_output=True, text=True,
                          timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -151,9 +174,70 @@ def served_episodes(env, scheme: str, episodes: int) -> list[float]:
         if scheme == "gem":
             secret = int(info["gold"][len("\\boxed{"):-1])
             env.step("\\boxed{%d}" % (1 if secret != 1 else 2))
+        elif scheme == "nemo-gym":  # the tool call, then the answer
+            info = env.step(info["gold"])[4]
         env.step(info["gold"])
         times.append((time.perf_counter() - t0) * 1e3)
     return times
+
+
+def nemo_gym_raw(url: str, rows: list[dict], episodes: int) -> list[float]:
+    """NeMo-Gym's protocol by hand (httpx, as its agent posts): seed the session, call the tool, verify."""
+    times = []
+    with httpx.Client(base_url=url) as http:
+        for seed in range(episodes):
+            row = rows[seed % len(rows)]
+            t0 = time.perf_counter()
+            http.cookies.clear()  # a new session
+            http.post("/seed_session", json=row).raise_for_status()
+            result = http.post("/get_weather", json={"city": row["city"]})
+            output = [{"type": "function_call", "call_id": "c", "name": "get_weather",
+                       "arguments": json.dumps({"city": row["city"]})},
+                      {"type": "function_call_output", "call_id": "c", "output": result.text},
+                      {"type": "message", "role": "assistant", "content": [{"type": "output_text",
+                                                                           "text": row["expected_weather"]}]}]
+            assert http.post("/verify", json={**row, "response": {"output": output}}).json()["reward"] == 1.0
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def http_case(scheme: str, tmp: str, episodes: int, rounds: int) -> dict:
+    """OpenEnv (the example env under OpenEnv's server, in its venv) or NeMo-Gym (a resources server here)."""
+    if scheme == "openenv":
+        python = ensure_venv(FRAMEWORKS["openenv"])
+        ready = Path(tmp) / "openenv-ready.json"
+        process = subprocess.Popen([str(python), "-c", OPENENV_SERVER, str(ready)], stdin=subprocess.DEVNULL)
+        if launcher.wait_ready(process, ready, 300) is not None:
+            raise RuntimeError("the OpenEnv example server did not start")
+        url, stop = json.loads(ready.read_text())["url"], process.terminate
+        env = relax_gym.make(f"openenv:{url}", observation_field="prompt", gold="{secret}")
+    else:
+        server, url = serve(resources_server())
+        rows = [{"responses_create_params": {"input": [{"role": "user", "content": f"Weather in {city}?"}],
+                                             "tools": [TOOL]}, "city": city, "expected_weather": weather}
+                for city, weather in WEATHER.items()]
+        data_file = Path(tmp) / "weather.jsonl"
+        data_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        stop = lambda: setattr(server, "should_exit", True)  # noqa: E731
+        env = relax_gym.make(f"nemo-gym:{url}", data_file=str(data_file), gold=GOLD, pick="cycle")
+    try:
+        served_episodes(env, scheme, 5)
+        timings: dict[str, list[float]] = {"raw": [], "adapter": [], "served": []}
+        for _ in range(rounds):
+            if scheme == "openenv":
+                timings["raw"] += in_venv(python, scheme, "raw", episodes, "", url)
+                timings["adapter"] += in_venv(python, scheme, "adapter", episodes, "", url)
+            else:
+                timings["raw"] += nemo_gym_raw(url, rows, episodes)
+            timings["served"] += served_episodes(env, scheme, episodes)
+        env.close()
+    finally:
+        stop()
+    if not timings["adapter"]:
+        timings["adapter"] = timings["served"]
+    raw, adapter, served = (statistics.median(timings[k]) for k in ("raw", "adapter", "served"))
+    return {"framework": scheme, "raw_ms": raw, "adapter_ms": adapter, "served_ms": served,
+            "served_over_raw": served / raw, "overhead_ms": served - raw}
 
 
 def run(quick: bool = False, *, episodes: int | None = None) -> dict:
@@ -183,6 +267,7 @@ def run(quick: bool = False, *, episodes: int | None = None) -> dict:
             raw, adapter, served = (statistics.median(timings[k]) for k in ("raw", "adapter", "served"))
             cases.append({"framework": scheme, "raw_ms": raw, "adapter_ms": adapter, "served_ms": served,
                           "served_over_raw": served / raw, "overhead_ms": served - raw})
+        cases += [http_case(scheme, tmp, episodes, rounds) for scheme in ("openenv", "nemo-gym")]
         launcher.stop_all()
     return {"episodes": episodes, "rounds": rounds, "cpus": os.cpu_count(), "load_before": load_before[0],
             "load_after": os.getloadavg()[0], "cases": cases}

@@ -86,10 +86,11 @@ class NemoGymEnv(ForeignAgentEnv):
         self._output: list[dict[str, Any]] = []  # the rollout so far, as Responses API output items
 
     def _reset(self, options: dict[str, Any]) -> Opening:
-        self._close_session()
         index = self.picker.next(len(self.rows), self.np_random)
         self._row, self._output = self.rows[index], []
-        self._http = httpx.Client(base_url=self.base_url, timeout=self.call_timeout_s)
+        if self._http is None:  # one client for the env's life (making one costs ~10 ms: its TLS context)
+            self._http = httpx.Client(base_url=self.base_url, timeout=self.call_timeout_s)
+        self._http.cookies.clear()  # a new episode is a new session
         self._post("seed_session", self._row)  # the whole row, as NeMo-Gym's agents send it
         params = self._row["responses_create_params"]
         items = params["input"] if isinstance(params["input"], list) else [{"role": "user", "content": params["input"]}]
@@ -160,11 +161,8 @@ class NemoGymEnv(ForeignAgentEnv):
 
         return self._call(call, request)
 
-    def _close_session(self) -> None:
+    def close(self) -> None:
         http, self._http = self._http, None
         if http is not None:
             http.close()
-
-    def close(self) -> None:
-        self._close_session()
         super().close()
