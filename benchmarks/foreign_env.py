@@ -73,6 +73,7 @@ request = json.loads(sys.argv[1])
 sys.path.append(request["root"])
 n, scheme, how = request["episodes"], request["scheme"], request["how"]
 times = []
+finish = lambda: None  # noqa: E731 - what ends the run cleanly (a WebSocket session's close)
 if scheme == "gem":
     if how == "raw":
         import gem
@@ -123,12 +124,14 @@ elif scheme == "openenv":
     if how == "raw":
         from openenv.core.generic_client import GenericEnvClient
         client = GenericEnvClient(base_url=request["url"]).sync().connect()
+        finish = client.close
         def episode(seed):
             client.reset(seed=seed)
             client.step({"message": client.state()["secret"]})
     else:
         from relax_gym.envs.interop.openenv_env import OpenEnvEnv
         env = OpenEnvEnv(request["url"], observation_field="prompt", gold="{secret}")
+        finish = env.close
         def episode(seed):
             _, info = env.reset(seed=seed)
             env.step(info["gold"])
@@ -154,6 +157,7 @@ for seed in range(n):
     t0 = time.perf_counter()
     episode(seed)
     times.append((time.perf_counter() - t0) * 1e3)
+finish()
 print(json.dumps(times))
 """
 
