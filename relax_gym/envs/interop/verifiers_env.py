@@ -14,12 +14,16 @@ an observation and answers it with the policy's action. What maps to what:
 - each step answers the pending call with the action; the next call's messages that are new (the env's response)
   are the step's observation (reward 0), or the rollout ends: the step is terminal and its reward is the rubric's,
   each reward function's score a component of ``reward_breakdown`` (verifiers' ``metrics``);
-- the gold action comes from ``gold``, a ``str.format`` template over the row's ``answer`` and ``info`` fields
-  (default ``"{answer}"``): right for envs that compare the reply to the answer, set it for a parser's format;
+- tools (a ``vf.ToolEnv``'s functions, handed to the model call as ``tools``): written into the opening's system
+  message in our tool-call text format (the one our own tool envs use); the policy's ``<tool_call>`` blocks become
+  the response's ``tool_calls`` (the rest of the text its content), so verifiers runs the tools itself and its
+  ``tool`` messages come back as the next observation;
+- the gold action comes from ``gold``, ``str.format`` templates over the row's ``answer`` and ``info`` fields
+  (default ``"{answer}"``), one per turn (a list: e.g. a tool call, then the answer; the last serves later turns):
+  right for envs that compare the reply to the answer, set it for a parser's format;
 - reward bounds: ``reward_bounds`` (default [0, 1]).
 
-Lost: tools the env offers the model (``tool_defs``: the policy answers with text; a tool env's calls are not
-parsed), group-level scoring (``score_group``: each episode is scored alone), the response's token ids (the trainer
+Lost: group-level scoring (``score_group``: each episode is scored alone), the response's token ids (the trainer
 records its own).
 """
 
@@ -35,6 +39,8 @@ from relax_gym.envs.core import Opening, Outcome
 from relax_gym.envs.interop.adapter import ForeignAgentEnv, ForeignEnvError, TaskPicker, fill_gold
 from relax_gym.envs.remote.wire import encode_value
 from relax_gym.omni import Message, from_openai
+from relax_gym.omni.openai_tools import split_reply
+from relax_gym.omni.tool_calls import tools_instructions
 
 MODEL_NAME = "relax-gym-policy"
 _LOADED: dict[str, Any] = {}  # (env id, env args) -> the verifiers Environment (see VerifiersEnv._load)
@@ -45,7 +51,7 @@ class VerifiersEnv(ForeignAgentEnv):
     framework_title = "verifiers"
 
     def __init__(self, env_id: str, *, env_args: dict[str, Any] | None = None, split: str = "train", pick: str = "random",
-                 gold: str | None = "{answer}", reward_bounds: tuple[float, float] = (0.0, 1.0), max_turns: int = 16,
+                 gold: str | list[str] | None = "{answer}", reward_bounds: tuple[float, float] = (0.0, 1.0), max_turns: int = 16,
                  call_timeout_s: float = 300.0, **kwargs: Any) -> None:
         super().__init__(env_id, call_timeout_s=call_timeout_s, max_turns=max_turns, **kwargs)
         if split not in ("train", "eval"):
@@ -62,12 +68,15 @@ class VerifiersEnv(ForeignAgentEnv):
         self.rows = [dict(row) for row in data]
         if not self.rows:
             raise self._malformed(f"get_{'eval_' if split == 'eval' else ''}dataset", "no rows")
-        self.gold_template = gold
+        self.gold_templates = [gold] if isinstance(gold, str) else list(gold or [])
         self.reward_range_ = tuple(reward_bounds)
         self._events: asyncio.Queue | None = None
         self._rollout: Any = None  # the running rollout's concurrent future
         self._pending: asyncio.Future | None = None  # the model call waiting for the policy's action
         self._seen = 0  # messages of the rollout's conversation already given to the trainer
+        self._tools_shown = False  # the tools' instructions went into this rollout's opening
+        self._fields: dict[str, Any] = {}  # the row's fields the gold templates read
+        self._where_gold = ""
 
     def _load(self, env_id: str, env_args: dict[str, Any]) -> Any:
         """The process's one ``Environment`` for these arguments: verifiers sets signal handlers when it builds one,
@@ -98,9 +107,15 @@ class VerifiersEnv(ForeignAgentEnv):
         if kind != "call":
             raise self._malformed("rollout", f"no model call before it ended ({self._ending(payload)})")
         messages = self._new_messages(payload)
-        fields = {**(info if isinstance(info, dict) else {}), "answer": row.get("answer", "")}
-        gold = fill_gold(self.gold_template, fields, where=self._where(f"gold (dataset row {index})"))
-        return Opening(messages, gold, {"example_id": rollout_input["example_id"], "task_index": index})
+        self._fields = {**(info if isinstance(info, dict) else {}), "answer": row.get("answer", "")}
+        self._where_gold = self._where(f"gold (dataset row {index})")
+        return Opening(messages, self._gold_for(0), {"example_id": rollout_input["example_id"], "task_index": index})
+
+    def _gold_for(self, turn: int) -> str:
+        if not self.gold_templates:
+            return ""
+        template = self.gold_templates[min(turn, len(self.gold_templates) - 1)]
+        return fill_gold(template, self._fields, where=self._where_gold)
 
     def _step(self, action: str) -> Outcome:
         pending, self._pending = self._pending, None
@@ -109,7 +124,7 @@ class VerifiersEnv(ForeignAgentEnv):
         self._loop.call_soon_threadsafe(pending.set_result, action)
         kind, payload = self._call("rollout", self._next_event)
         if kind == "call":
-            return Outcome(self._new_messages(payload), 0.0, False, {})
+            return Outcome(self._new_messages(payload), 0.0, False, {}, gold=self._gold_for(self._turn))
         if kind == "error":
             raise ForeignEnvError(self._where(f"rollout raised {type(payload).__name__}: {payload}"))
         error = payload.get("error")
@@ -136,23 +151,33 @@ class VerifiersEnv(ForeignAgentEnv):
             self._rollout = asyncio.ensure_future(play())
             return events
 
-        self._seen = 0
+        self._seen, self._tools_shown = 0, False
         return asyncio.run_coroutine_threadsafe(begin(), self._loop).result()
 
     def _next_event(self) -> tuple[str, Any]:
         kind, *rest = asyncio.run_coroutine_threadsafe(self._events.get(), self._loop).result()
         if kind == "call":
-            prompt, self._pending = rest
-            return kind, prompt
+            prompt, self._pending, tools = rest
+            return kind, (prompt, tools)
         return kind, rest[0]
 
-    def _new_messages(self, prompt: list[Any]) -> list[Message]:
-        """The messages of a model call's prompt the trainer has not seen (the actions it sent left out)."""
+    def _new_messages(self, call: tuple[list[Any], Any]) -> list[Message]:
+        """The messages of a model call's prompt the trainer has not seen (the actions it sent left out), the
+        call's tools written into the first system message the first time."""
+        prompt, tools = call
         dicts = [m.model_dump(exclude_none=True) if hasattr(m, "model_dump") else dict(m) for m in prompt]
-        new = [d for d in dicts[self._seen:] if d.get("role") != "assistant"]
+        new = [{k: d[k] for k in ("role", "content", "tool_call_id", "name") if d.get(k) is not None}
+               for d in dicts[self._seen:] if d.get("role") != "assistant"]
         self._seen = len(dicts)
+        if tools and not self._tools_shown:
+            self._tools_shown = True
+            text = tools_instructions([{"type": "function", "function": _tool_dict(t)} for t in tools])
+            if new and new[0]["role"] == "system" and isinstance(new[0].get("content"), str):
+                new[0] = {**new[0], "content": new[0]["content"] + "\n\n" + text}
+            else:
+                new.insert(0, {"role": "system", "content": text})
         try:
-            return from_openai([{"role": d["role"], "content": d.get("content") or ""} for d in new])
+            return from_openai([{**d, "content": d.get("content") or ""} for d in new])
         except (ValueError, TypeError, KeyError) as exc:
             raise self._malformed("rollout", f"a prompt that is not chat messages ({exc})") from None
 
@@ -173,6 +198,13 @@ class VerifiersEnv(ForeignAgentEnv):
         super().close()
 
 
+def _tool_dict(tool: Any) -> dict[str, Any]:
+    """A verifiers tool (``vf.Tool`` or its dict) as an OpenAI function: name, description, parameters."""
+    data = tool.model_dump() if hasattr(tool, "model_dump") else dict(tool)
+    data = data.get("function", data)
+    return {k: data[k] for k in ("name", "description", "parameters") if k in data}
+
+
 def _bridge_client(vf: Any, events: asyncio.Queue) -> Any:
     """A verifiers ``Client`` whose every model call waits for the trainer's action (put on ``events`` as
     ``("call", prompt, future)``)."""
@@ -189,14 +221,18 @@ def _bridge_client(vf: Any, events: asyncio.Queue) -> Any:
 
         async def get_native_response(self, prompt: Any, model: str, sampling_args: Any, tools: Any = None, **kwargs: Any) -> Any:
             reply = asyncio.get_running_loop().create_future()
-            await events.put(("call", prompt, reply))
+            await events.put(("call", prompt, reply, tools))
             return await reply
 
         async def raise_from_native_response(self, response: Any) -> None:
             return None
 
         async def from_native_response(self, response: Any) -> Any:
-            message = vf.ResponseMessage(content=response, finish_reason="stop", is_truncated=False)
+            text, calls = split_reply(response)
+            tool_calls = [vf.ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
+                          for c in calls]
+            message = vf.ResponseMessage(content=text if tool_calls else response, tool_calls=tool_calls or None,
+                                         finish_reason="tool_calls" if tool_calls else "stop", is_truncated=False)
             return vf.Response(id="relax-gym", created=int(time.time()), model=MODEL_NAME, message=message)
 
         async def close(self) -> None:

@@ -26,9 +26,27 @@ import verifiers as vf
 from datasets import Dataset
 
 
-def load_environment(fail: bool = False, turns: int = 1, **kwargs):
+def load_environment(fail: bool = False, turns: int = 1, tools: bool = False, **kwargs):
     rows = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in SUMS]
     parser = vf.Parser()
+    if tools:  # a ToolEnv as verifiers' docs write one: a Python function is the tool
+        def add(a: int, b: int) -> int:
+            """Add two whole numbers.
+
+            Args:
+                a: the first number
+                b: the second number
+            """
+            return a + b
+
+        def used_the_tool(completion, answer, **kwargs) -> float:
+            said = [m.get("content") for m in completion if m.get("role") == "tool"]
+            final = completion[-1].get("content") if completion[-1].get("role") == "assistant" else ""
+            return 1.0 if answer in said and (final or "").strip() == answer else 0.0
+
+        rows = [{**row, "info": {"a": a, "b": b}} for row, (a, b) in zip(rows, SUMS)]
+        return vf.ToolEnv(dataset=Dataset.from_list(rows), tools=[add], max_turns=4,
+                          rubric=vf.Rubric(funcs=[used_the_tool]))
 
     def exact_answer(completion, answer, **kwargs) -> float:
         return 1.0 if (parser.parse_answer(completion) or "").strip() == answer else 0.0
@@ -108,6 +126,27 @@ def test_a_multi_turn_verifiers_env_keeps_its_state_across_steps(on_path, server
     env.reset(seed=2)
     _, reward, terminated, _, info = env.step(answer)  # the stop condition ends it at once
     assert terminated and reward == pytest.approx(1.0) and info["stop_condition"] == "answered"
+    env.close()
+
+
+def test_a_verifiers_tool_env_gets_the_policys_tool_calls_and_runs_its_tools(on_path, servers):
+    """The ToolEnv's tools are written into the opening as our tool-call format; the policy's ``<tool_call>`` is
+    verifiers' tool call, run by verifiers, whose result is the next observation; its rubric scores the end."""
+    gold = ['<tool_call>{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>', "{answer}"]
+    env = relax_gym.make("verifiers:vf-sums", env_args={"tools": True}, gold=gold)
+    report = check_env(env)
+    assert "gold action => max reward" in report.passed
+    obs, info = env.reset(seed=3)
+    a, b = SUMS[info["task_index"]]
+    assert obs[0].role == "system" and '"name": "add"' in obs[0].text and "<tool_call>" in obs[0].text
+    obs, reward, terminated, _, info = env.step(info["gold"])
+    assert not terminated and reward == 0.0 and [(m.role, m.text) for m in obs] == [("tool", str(a + b))]
+    assert info["gold"] == str(a + b)
+    _, reward, terminated, _, info = env.step(str(a + b))
+    assert terminated and reward == 1.0 and info["reward_breakdown"]["used_the_tool"] == 1.0
+    env.reset(seed=3)
+    _, reward, terminated, _, _ = env.step(str(a + b))  # the right sum without the tool
+    assert terminated and reward == 0.0
     env.close()
 
 
