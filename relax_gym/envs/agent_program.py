@@ -53,6 +53,11 @@ log = logging.getLogger(__name__)
 PYTHON = "{python}"  # in a task's argv: this interpreter when local, python3 in a sandbox
 MAX_LOG_CHARS = 4_000
 ENV_FILE = ".relax-agent.env"  # in the sandbox's workdir: the endpoint and key, read (and deleted) by the forwarder
+# Agent SDKs' own telemetry, off in every agent program: no key or trace leaves the machine (the Agents SDK's tracing
+# would upload with the episode's key; in a sandbox the attempt only fails, slowly). The OpenAI Agents SDK's tracing,
+# LangSmith's, Hugging Face's, and the common opt-outs other libraries read.
+TELEMETRY_OFF = {"OPENAI_AGENTS_DISABLE_TRACING": "1", "LANGCHAIN_TRACING_V2": "false", "LANGSMITH_TRACING": "false",
+                 "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1", "ANONYMIZED_TELEMETRY": "False"}
 
 
 @dataclass
@@ -160,7 +165,8 @@ class AgentProgramEnv(AgentEnv):
 
     def _run_local(self, task: ProgramTask, endpoint: AgentEndpoint) -> ProgramRun:
         argv = [sys.executable if a == PYTHON else a for a in task.argv]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "LANG": "C.UTF-8", **_openai_env(endpoint)}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "LANG": "C.UTF-8", **TELEMETRY_OFF,
+               **_openai_env(endpoint)}
         with tempfile.TemporaryDirectory(prefix="relax-gym-agent-") as work:
             for name, data in task.files.items():
                 target = _inside(Path(work), name)
@@ -201,7 +207,7 @@ class AgentProgramEnv(AgentEnv):
         host, port = _loopback_target(endpoint.base_url)
         bridge = shared_bridge(host, port)
         mounts = list(bridge_mounts(bridge))
-        env = {"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", **TELEMETRY_OFF}
         if self.python_packages:
             site = python_packages_dir(list(self.python_packages))
             mounts.append(runtime_mount(site))

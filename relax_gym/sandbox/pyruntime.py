@@ -112,8 +112,22 @@ def _requirement(text: str, wanted_by: str | None) -> Requirement:
         raise ValueError(f"invalid requirement {text!r}{who}: {e}") from None
 
 
+def _by_import_name(name: str) -> md.Distribution:
+    """The one installed distribution that provides the top-level module ``name`` (``agents`` ->
+    ``openai-agents``); else a ValueError saying what to name instead."""
+    providers = sorted(set(md.packages_distributions().get(name, ())))
+    if len(providers) == 1:
+        return md.distribution(providers[0])
+    if providers:
+        raise ValueError(f"the module {name!r} comes from several distributions here ({', '.join(providers)}): "
+                         f"name the one the program needs")
+    raise ValueError(f"{name!r} is neither a distribution nor a module installed in {sys.prefix}: name the "
+                     f"distribution the program imports from (pip's name, e.g. 'openai-agents' for `import agents`)")
+
+
 def distribution_closure(names: Iterable[str]) -> list[md.Distribution]:
-    """The installed distributions ``names`` need at run time, themselves included, sorted by name."""
+    """The installed distributions ``names`` need at run time, themselves included, sorted by name. A name that is
+    no distribution may be a module's (``yaml`` for ``pyyaml``): the distribution that provides it is taken."""
     found: dict[str, md.Distribution] = {}
     done: set[tuple[str, str]] = set()
     todo = [(_requirement(n, None), None) for n in names]
@@ -125,8 +139,11 @@ def distribution_closure(names: Iterable[str]) -> list[md.Distribution]:
         try:
             dist = found.get(key) or md.distribution(req.name)
         except md.PackageNotFoundError:
-            who = f" (required by {wanted_by})" if wanted_by else ""
-            raise ValueError(f"distribution {req.name!r}{who} is not installed in {sys.prefix}") from None
+            if wanted_by is not None:
+                raise ValueError(f"distribution {req.name!r} (required by {wanted_by}) is not installed in "
+                                 f"{sys.prefix}") from None
+            dist = _by_import_name(req.name)
+            key = canonicalize_name(dist.metadata["Name"])
         found[key] = dist
         for extra in ("", *sorted(canonicalize_name(e) for e in req.extras)):
             if (key, extra) in done:

@@ -3,11 +3,14 @@ as a local child process here (the sandboxed runner: tests/envs/test_agent_progr
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from relax_gym.envs import check_env
 from relax_gym.envs.agent_program import (
     PYTHON,
+    TELEMETRY_OFF,
     AgentEndpoint,
     AgentProgramEnv,
     ProgramRun,
@@ -61,6 +64,25 @@ class _Broken(AgentProgramEnv):
 
     def _score(self, run: ProgramRun):
         return (0.5 if run.rc == 0 else 0.0), {"ran": float(run.rc == 0)}
+
+
+class _Telling(_Broken):
+    """A program that writes what its environment says of telemetry."""
+
+    def _make_task(self, options):
+        code = "import json, os\nopen('env.json', 'w').write(json.dumps(dict(os.environ)))\n"
+        return ProgramTask(prompt="p", argv=[PYTHON, "tell.py"], files={"tell.py": code}, outputs=("env.json",))
+
+    def _score(self, run: ProgramRun):
+        self.seen = json.loads(run.outputs["env.json"])
+        return 0.0, {}
+
+
+def test_agent_sdks_telemetry_is_off_in_every_program():
+    env = _Telling([])
+    assert env.run_program(seed=0, endpoint=AgentEndpoint("http://127.0.0.1:9/v1", "k")).status == "ok"
+    assert {k: env.seen.get(k) for k in TELEMETRY_OFF} == TELEMETRY_OFF
+    assert env.seen["OPENAI_AGENTS_DISABLE_TRACING"] == "1" and env.seen["OPENAI_API_KEY"] == "k"
 
 
 def test_a_program_that_cannot_start_is_an_env_error():

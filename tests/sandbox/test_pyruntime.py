@@ -67,12 +67,19 @@ def test_closure_follows_requirements_and_drops_false_markers_and_extras():
 
 
 def test_unknown_or_invalid_distributions_are_refused_by_name():
-    with pytest.raises(ValueError, match="'no-such-dist-relax-gym' .*not installed"):
+    with pytest.raises(ValueError, match="'no-such-dist-relax-gym' is neither a distribution nor a module installed"
+                                         ".*name the distribution the program imports from"):
         python_packages_dir(["no-such-dist-relax-gym"])
     with pytest.raises(ValueError, match="invalid requirement"):
         distribution_closure(["not a name!"])
     with pytest.raises(ValueError, match="no distributions"):
         distribution_closure([])
+
+
+def test_an_import_name_finds_the_distribution_that_provides_it():
+    """What a program imports (``yaml``, ``PIL``) is accepted for the distribution (PyYAML, pillow)."""
+    assert _names(distribution_closure(["yaml"])) == _names(distribution_closure(["pyyaml"])) == {"pyyaml"}
+    assert "pillow" in _names(distribution_closure(["PIL"]))
 
 
 def test_directory_holds_the_closure_is_cached_and_recorded(openai_site, cache_dir):
