@@ -156,6 +156,9 @@ def envs_check(
             except (EnvCheckError, SandboxError, RubricError) as exc:
                 report = None
                 console.print(f"[red]FAIL[/] {one}: " + escape(str(exc)))
+                said = getattr(env.unwrapped, "program_report", lambda: None)()
+                if said:  # an agent program: what it said is usually why
+                    console.print(escape(said))
                 failed.append(one)
             finally:
                 env.close()
@@ -235,6 +238,9 @@ def envs_play(
                               + (f" ({escape(str(info.get('status_detail') or info.get('error')))})" if info["status"] not in ("ok",) else ""))
                 if info.get("judge_requests"):
                     console.print("pending judge parts (counted 0 here): " + ", ".join(r["part"] for r in info["judge_requests"]))
+            said = getattr(env.unwrapped, "program_report", lambda: None)()
+            if said:  # an agent program's exit status, first refused request and stderr
+                console.print("[dim]" + escape(said) + "[/]")
             total += ret
         console.rule()
         console.print(f"mean return over {episodes} episode(s): {total / episodes:.3f}")

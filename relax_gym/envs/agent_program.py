@@ -112,6 +112,8 @@ class AgentProgramEnv(AgentEnv):
         self._thread: threading.Thread | None = None
         self._replies = 0
         self._last_exit: ProgramRun | None = None
+        self.last_run: ProgramRun | None = None  # the last turn-by-turn episode's run, once its program ended
+        self.last_refusal: str | None = None  # and the first request of it the endpoint refused
         # the shared sandbox pools stay open (warm between episodes) until this env closes
         self._pool_hold = PoolHold() if runner == "sandbox" else None
 
@@ -251,6 +253,7 @@ class AgentProgramEnv(AgentEnv):
         task, self._replies, self._last_exit = self.task, 0, None
         self._thread = threading.Thread(target=self._play, args=(task, endpoint), name="agent-program", daemon=True)
         self._thread.start()
+        self.last_run, self.last_refusal = None, None
         event = self._proxy.next_event(self.program_timeout_s + 30.0)
         if isinstance(event, ProgramExit):  # it ended without calling the model: the first step scores it
             self._last_exit = event.run
@@ -274,10 +277,27 @@ class AgentProgramEnv(AgentEnv):
             if not isinstance(event, ProgramExit):
                 return Outcome(event.messages, 0.0, False, {}, gold=self._gold_reply())
             self._last_exit = event.run
+        self.last_run, self.last_refusal = self._last_exit, self._proxy.first_error()
         outcome = self._outcome(self._last_exit)
         if outcome.status == "env_error":
             raise RuntimeError(outcome.error)
+        if self._replies == 0 and self.last_refusal:  # it never got a reply: say what it tripped on
+            outcome.info["agent_first_http_error"] = self.last_refusal
         return Outcome([], outcome.reward, True, outcome.reward_breakdown, info=outcome.info)
+
+    def program_report(self) -> str | None:
+        """What the last turn-by-turn episode's program said, for a person (``envs play`` / ``envs check``):
+        its exit status, the first request it sent that was refused, the end of its stderr; None before one ended."""
+        run = self.last_run
+        if run is None:
+            return None
+        status = "ran out of time" if run.timed_out else f"exited with status {run.rc}"
+        lines = [f"the agent program {status} after {self._replies} model call(s)"
+                 + (f"; its first refused request: {self.last_refusal}" if self.last_refusal else "")]
+        tail = run.stderr.strip().splitlines()[-8:]
+        if tail:
+            lines.append("its stderr ends:\n  " + "\n  ".join(tail))
+        return "\n".join(lines)
 
     def _gold_reply(self) -> str:
         gold = self.task.gold_replies if self.task else []

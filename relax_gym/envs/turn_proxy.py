@@ -59,6 +59,7 @@ class _Episode:
     seen: list[Message] = field(default_factory=list)
     raw_replies: dict[tuple, str] = field(default_factory=dict)  # reply_key(content, tool_calls) -> the reply text
     closed: bool = False
+    first_error: str | None = None  # the first request of this episode's key that was refused
 
 
 class _Server:
@@ -94,6 +95,13 @@ class _Server:
         with self.lock:
             found = next((e for k, e in self.episodes.items() if hmac.compare_digest(k, key)), None)
         return found
+
+    def note_refusal(self, key: str, status: int, method: str, path: str, answer: dict[str, Any]) -> None:
+        """Keep the first refused request of an episode's key (what an agent that made no call tripped on)."""
+        episode = self.episode(key) if key else None
+        if episode is not None and episode.first_error is None:
+            message = (answer.get("error") or {}).get("message", "")
+            episode.first_error = f"{status} for {method} {path}: {message}"[:500]
 
     def call(self, key: str, body: Any) -> tuple[int, dict[str, Any]]:
         """One model call of the episode ``key`` names: handed to the env, answered with its reply."""
@@ -177,6 +185,10 @@ class TurnProxy:
             raise RuntimeError("no model call is waiting for a reply")
         pending.put(text)
 
+    def first_error(self) -> str | None:
+        """The open episode's first refused request (:meth:`_Server.note_refusal`), or None."""
+        return self._episode.first_error if self._episode is not None else None
+
     def program_exited(self, key: str, run: ProgramRun) -> None:
         episode = self._server.episode(key)
         if episode is not None:
@@ -236,7 +248,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         if self.path.rstrip("/") != "/v1/chat/completions":
-            self._send(404, _error(f"no route {self.path}", "not_found_error"))
+            self._send(404, _error(f"no route {self.path} (this endpoint serves POST /v1/chat/completions)",
+                                   "not_found_error"))
             return
         try:
             length = int(self.headers.get("Content-Length") or "")
@@ -262,6 +275,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, answer)
 
     def _send(self, status: int, body: dict[str, Any]) -> None:
+        if status >= 400:
+            key = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+            self.owner.note_refusal(key, status, self.command, self.path, body)
         raw = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")

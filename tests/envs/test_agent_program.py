@@ -85,6 +85,39 @@ def test_agent_sdks_telemetry_is_off_in_every_program():
     assert env.seen["OPENAI_AGENTS_DISABLE_TRACING"] == "1" and env.seen["OPENAI_API_KEY"] == "k"
 
 
+class OnResponses(AgentProgramEnv):
+    """An agent whose SDK calls the Responses API, which the turn-by-turn endpoint does not serve: it fails on its
+    first call and says so on stderr."""
+
+    def __init__(self, **kwargs):
+        super().__init__(runner="local", **kwargs)
+
+    def _make_task(self, options):
+        code = ("import sys\nfrom openai import OpenAI\ntry:\n    OpenAI(max_retries=0).responses.create(model='m', "
+                "input='hi')\nexcept Exception as exc:\n    sys.exit(f'the model call failed: {type(exc).__name__}')\n")
+        return ProgramTask(prompt="say hi", argv=[PYTHON, "agent.py"], files={"agent.py": code}, gold_replies=["hi"])
+
+    def _score(self, run: ProgramRun):
+        return (1.0 if run.rc == 0 else 0.0), {"ran": float(run.rc == 0)}
+
+
+def test_a_turn_by_turn_agent_that_made_no_call_says_what_it_tripped_on():
+    env = OnResponses()
+    try:
+        obs, _ = env.reset(seed=0)
+        assert obs[0].text == "say hi"  # it ended before its first call: the task is the opening
+        _, reward, terminated, _, info = env.step("hi")
+        assert terminated and reward == 0.0 and info["agent_rc"] == 1
+        assert info["agent_first_http_error"].startswith("404 for POST /v1/responses: no route /v1/responses (this "
+                                                         "endpoint serves POST /v1/chat/completions)")
+        report = env.program_report()
+        assert report.startswith("the agent program exited with status 1 after 0 model call(s); its first refused "
+                                 "request: 404 for POST /v1/responses")
+        assert report.endswith("its stderr ends:\n  the model call failed: NotFoundError")
+    finally:
+        env.close()
+
+
 def test_a_program_that_cannot_start_is_an_env_error():
     outcome = _Broken(["/nonexistent/agent-binary"]).run_program(seed=0, endpoint=AgentEndpoint("http://127.0.0.1:9/v1", "k"))
     assert outcome.status == "env_error" and "nonexistent" in outcome.error and outcome.reward == 0.0

@@ -451,14 +451,23 @@ class OpenAIAPI:
         self.created = int(time.time())
         self._raw_lock = threading.Lock()
         self._raw: OrderedDict[str, tuple[tuple[Any, ...], str]] = OrderedDict()
+        self._first_errors: dict[str, str] = {}  # session -> the first request of its key that was refused
 
     # -------------------------------------------------------------------------------------------- routing
+
+    def first_error(self, session: str, *, forget: bool = True) -> str | None:
+        """The first refused request sent with ``session``'s key (``"404 for POST /v1/responses: no endpoint
+        ..."``), or None; ``forget``: drop it (the session is over). What an agent that made no model call tripped
+        on (an SDK that calls another API, a bad request)."""
+        with self._raw_lock:
+            return self._first_errors.pop(session, None) if forget else self._first_errors.get(session)
 
     def route(self, method: str, path: str, body: Any, headers: Any, token: str | None = None) -> Reply:
         """Answer one request to a ``/v1`` path (an HTTP server hands them over: the engine's, when this API is
         mounted on it, or the gateway's own): chat completions (streaming included), models, sessions. ``token``:
         the server's admin token. Errors come back in OpenAI's shape, never raised."""
         sessions = "/v1/relax/sessions"
+        caller = None
         try:
             caller = self.authenticate(headers, token)
             if path == "/v1/chat/completions":
@@ -480,6 +489,10 @@ class OpenAIAPI:
                              else self.delete_session(session_id, caller))
             raise OpenAIError(404, f"no endpoint {path!r}", kind="not_found_error")
         except OpenAIError as exc:
+            session = caller.session if caller is not None and caller.kind == "key" else None
+            if session is not None:
+                with self._raw_lock:
+                    self._first_errors.setdefault(session, f"{exc.status} for {method} {path}: {exc.message}"[:500])
             return Reply(exc.status, exc.to_json())
 
     # -------------------------------------------------------------------------------------------- access

@@ -107,5 +107,9 @@ class OpenAIGateway:
         self.api.keys.revoke(session)
         return self.api.recorder.close(session)
 
+    def first_error(self, session: str) -> str | None:
+        """The first request of the session's key the gateway refused (then forgotten), or None."""
+        return self.api.first_error(session)
+
     def close(self) -> None:
         self.server.close()

@@ -63,8 +63,13 @@ def _why_no_call(info: dict[str, Any]) -> str:
         why = f": it exited with status {info['agent_rc']}"
     else:
         return ""
+    if info.get("agent_first_http_error"):
+        why += f"; its first refused request: {info['agent_first_http_error']}"
     tail = str(info.get("agent_stderr_tail") or "").strip().splitlines()[-3:]
     return why + (f"; stderr ends: {' | '.join(tail)[-300:]}" if tail else "")
+
+
+STDERR_KEPT = 1_000  # characters of the agent's stderr an episode's record keeps
 
 
 def trajectory_from_calls(calls: Sequence[Any], outcome: ProgramOutcome, *, seed: int, group_id: int,
@@ -77,7 +82,10 @@ def trajectory_from_calls(calls: Sequence[Any], outcome: ProgramOutcome, *, seed
     segments = split_segments(calls)
     traj.conversation = program_conversation(calls)
     traj.info = {"agent_calls": len(calls), "agent_segments": len(segments), **{k: v for k, v in outcome.info.items()
-                                                                               if k in ("agent_rc", "agent_timed_out")}}
+                                                                               if k in ("agent_rc", "agent_timed_out",
+                                                                                        "agent_first_http_error")}}
+    if outcome.info.get("agent_stderr_tail"):  # what the program said, for the rollout records and the viewer
+        traj.info["agent_stderr_tail"] = str(outcome.info["agent_stderr_tail"])[-STDERR_KEPT:]
     if outcome.status == "env_error":
         traj.reward = 0.0
         return traj
@@ -155,6 +163,9 @@ class ProgramEpisodes:
             outcome = ProgramOutcome(0.0, {}, "env_error", f"{type(exc).__name__}: {exc}")
         finally:
             calls, failures = gateway.close_session(session)
+            refused = gateway.first_error(session)
+        if refused is not None:
+            outcome.info["agent_first_http_error"] = refused
         return trajectory_from_calls(calls, outcome, seed=seed, group_id=group_id, failures=failures)
 
     def close(self) -> None:

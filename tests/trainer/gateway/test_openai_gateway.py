@@ -98,6 +98,43 @@ def test_recorded_calls_become_the_trained_sequence(served_policy):
     assert traj.trainable and traj.turns == 2 and traj.group_id == 3
 
 
+# An agent on an SDK whose model class calls the Responses API, which this gateway does not serve (yet)
+RESPONSES_AGENT = '''
+import sys
+from openai import OpenAI
+try:
+    OpenAI(max_retries=0).responses.create(model="any", input="hi")
+except Exception as exc:
+    sys.exit(f"the model call failed: {type(exc).__name__}")
+'''
+
+
+class _OnResponses(_Chatty):
+    def _make_task(self, options):
+        return ProgramTask(prompt="chat", argv=[PYTHON, "agent.py"], files={"agent.py": RESPONSES_AGENT})
+
+
+def test_an_agent_that_made_no_call_is_told_by_its_first_refused_request_and_its_stderr(served_policy):
+    """The episode names what the agent tripped on (the gateway's first refusal of its key), its exit status and
+    the end of its stderr; the record keeps them."""
+    async def main():
+        client = AsyncEngineClient(served_policy.server.url)
+        programs = ProgramEpisodes(served_policy.processor)
+        try:
+            return await programs.run(_OnResponses(runner="local"), client, seed=0, group_id=0, sampling_params=SAMPLING)
+        finally:
+            programs.close()
+            await client.aclose()
+
+    traj = asyncio.run(main())
+    assert traj.status == "env_error" and not traj.trainable
+    assert "no model call (nothing to train on): it exited with status 1; its first refused request: 404 for POST " \
+           "/v1/responses: no endpoint '/v1/responses'" in traj.error, traj.error
+    assert traj.error.endswith("stderr ends: the model call failed: NotFoundError")
+    assert traj.info["agent_first_http_error"].startswith("404 for POST /v1/responses")
+    assert traj.info["agent_stderr_tail"].strip() == "the model call failed: NotFoundError" and traj.info["agent_rc"] == 1
+
+
 def _call(prompt, completion, logprobs=None):
     return SimpleNamespace(prompt_ids=prompt, completion_ids=completion, logprobs=logprobs or [-0.5] * len(completion),
                            weight_version="7", mm={})
