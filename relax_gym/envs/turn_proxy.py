@@ -34,6 +34,13 @@ from relax_gym.omni.openai_tools import (
     split_reply,
     tool_mode,
 )
+from relax_gym.omni.responses_api import (
+    ResponsesRequestError,
+    chat_body,
+    conversation_after,
+    response_object,
+)
+from relax_gym.omni.responses_api import parse_request as parse_responses
 
 
 MAX_BODY_BYTES = 64 << 20
@@ -60,6 +67,7 @@ class _Episode:
     raw_replies: dict[tuple, str] = field(default_factory=dict)  # reply_key(content, tool_calls) -> the reply text
     closed: bool = False
     first_error: str | None = None  # the first request of this episode's key that was refused
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # Responses API id -> its conversation
 
 
 class _Server:
@@ -247,9 +255,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, _error(f"no route {self.path}", "not_found_error"))
 
     def do_POST(self) -> None:
-        if self.path.rstrip("/") != "/v1/chat/completions":
-            self._send(404, _error(f"no route {self.path} (this endpoint serves POST /v1/chat/completions)",
-                                   "not_found_error"))
+        route = self.path.rstrip("/")
+        if route not in ("/v1/chat/completions", "/v1/responses"):
+            self._send(404, _error(f"no route {self.path} (this endpoint serves POST /v1/chat/completions and "
+                                   f"/v1/responses)", "not_found_error"))
             return
         try:
             length = int(self.headers.get("Content-Length") or "")
@@ -271,8 +280,34 @@ class _Handler(BaseHTTPRequestHandler):
             return
         auth = self.headers.get("Authorization") or ""
         key = auth.removeprefix("Bearer ").strip()
+        if route == "/v1/responses":
+            self._send(*self._responses(key, body))
+            return
         status, answer = self.owner.call(key, body)
         self._send(status, answer)
+
+    def _responses(self, key: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """The Responses API call as the chat call it means (:mod:`relax_gym.omni.responses_api`)."""
+        episode = self.owner.episode(key)
+        try:
+            req = parse_responses(body)
+            history: list[dict[str, Any]] = []
+            if req.previous_response_id is not None:
+                kept = episode.responses.get(req.previous_response_id) if episode is not None else None
+                if kept is None:
+                    raise ResponsesRequestError(f"previous_response_id: no response {req.previous_response_id[:60]!r} "
+                                                f"in this episode", "previous_response_id")
+                history = kept
+            chat = chat_body(req, history)
+        except ResponsesRequestError as exc:
+            return 400, _error(str(exc), "invalid_request_error", exc.param)
+        status, answer = self.owner.call(key, chat)
+        if status != 200:
+            return status, answer
+        response = response_object(req, answer)
+        if episode is not None:
+            episode.responses[response["id"]] = conversation_after(req, chat, answer)
+        return 200, response
 
     def _send(self, status: int, body: dict[str, Any]) -> None:
         if status >= 400:

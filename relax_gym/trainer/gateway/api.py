@@ -77,7 +77,8 @@ positions), ``stop``, ``n`` (1 only), ``logprobs``, ``top_logprobs``, ``user``, 
 ``stream_options`` (``include_usage``), ``tools``, ``tool_choice``, and SGLang's ``top_k`` / ``min_p``
 extensions. OpenAI fields without meaning here (``metadata``, ``store``, ``service_tier``,
 ``parallel_tool_calls``) are accepted and ignored; ``response_format``, penalties and ``logit_bias`` only at
-their neutral value. Anything else is refused. Errors are OpenAI's shape, ``{"error": {"message", "type",
+their neutral value. Anything else is refused. ``POST /v1/responses`` (OpenAI's Responses API) runs as the chat
+call it means and is recorded the same way (:mod:`relax_gym.omni.responses_api` has the mapping). Errors are OpenAI's shape, ``{"error": {"message", "type",
 "param", "code"}}``, with the offending field first in the message and in ``param``.
 """
 
@@ -109,6 +110,15 @@ from relax_gym.trainer.engines.bearer import bearer_of, token_matches
 from relax_gym.trainer.engines.errors import EngineRequestError
 from relax_gym.trainer.engines.protocol import check_stop, check_top_k
 from relax_gym.trainer.gateway.keys import ADMIN, ANONYMOUS, Caller, EpisodeKeys, valid_session_id
+from relax_gym.omni.responses_api import (
+    ResponsesRequestError,
+    chat_body,
+    conversation_after,
+    response_object,
+)
+from relax_gym.omni.responses_api import (
+    parse_request as parse_responses,
+)
 from relax_gym.trainer.gateway.stream import ChatStream
 
 __all__ = ["CallRecord", "Caller", "ChatCompletionRequest", "ChatStream", "EpisodeKeys", "OpenAIAPI", "OpenAIError",
@@ -118,6 +128,7 @@ SESSION_HEADER = "X-Relax-Session"
 DEFAULT_SESSION = "default"
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 _RAW_TEXTS = 1 << 16  # tool-calling replies remembered by call id, to render them back as the model wrote them
+_RESPONSES_KEPT = 4096  # Responses API responses a later previous_response_id may name
 
 
 class OpenAIError(Exception):
@@ -452,6 +463,7 @@ class OpenAIAPI:
         self._raw_lock = threading.Lock()
         self._raw: OrderedDict[str, tuple[tuple[Any, ...], str]] = OrderedDict()
         self._first_errors: dict[str, str] = {}  # session -> the first request of its key that was refused
+        self._responses: OrderedDict[str, tuple[str, list[dict[str, Any]]]] = OrderedDict()  # id -> session, chat
 
     # -------------------------------------------------------------------------------------------- routing
 
@@ -475,6 +487,10 @@ class OpenAIAPI:
                 response, extra = self.chat_completions(body, headers, caller=caller)
                 if isinstance(response, ChatStream):
                     return Reply(200, None, ChatStream.content_type, {"Cache-Control": "no-cache", **extra}, response)
+                return Reply(200, response, headers=extra)
+            if path == "/v1/responses":
+                _allow(method, path, "POST")
+                response, extra = self.responses(body, headers, caller=caller)
                 return Reply(200, response, headers=extra)
             if path == "/v1/models":
                 _allow(method, path, "GET")
@@ -523,7 +539,7 @@ class OpenAIAPI:
         if caller.kind == "anonymous" and self.keys.has_key(session_id):
             raise _unauthorized(f"session {session_id!r} has an episode key: send it as 'Authorization: Bearer <key>'")
 
-    def _session_for(self, req: ChatCompletionRequest, headers: Any, caller: Caller) -> str:
+    def _session_for(self, req: Any, headers: Any, caller: Caller) -> str:  # any request with a `user` field
         if caller.kind != "key":
             session = session_id_of(headers, req.user)
             self.check_session_access(caller, session)
@@ -559,6 +575,33 @@ class OpenAIAPI:
         except Exception as exc:  # the engine (or the renderer) failed, not the request: the session knows it
             self.recorder.fail(session, f"{type(exc).__name__}: {exc}")
             raise
+
+    def responses(self, body: Any, headers: Mapping[str, str] | Any = None, *,
+                  caller: Caller | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+        """``POST /v1/responses`` (:mod:`relax_gym.omni.responses_api`): run as the chat completion it
+        means, recorded into the same session; the response object and its extra headers."""
+        try:
+            req = parse_responses(body)
+            session = self._session_for(req, headers, caller or ADMIN)
+            history: list[dict[str, Any]] = []
+            if req.previous_response_id is not None:
+                with self._raw_lock:
+                    kept = self._responses.get(req.previous_response_id)
+                if kept is None or kept[0] != session:
+                    raise ResponsesRequestError(f"previous_response_id: no response {req.previous_response_id[:60]!r} "
+                                                f"in this session (responses are kept in memory, the newest "
+                                                f"{_RESPONSES_KEPT})", "previous_response_id")
+                history = kept[1]
+            chat = chat_body(req, history)
+        except ResponsesRequestError as exc:
+            raise OpenAIError(400, str(exc), param=exc.param) from None
+        answer, extra = self.chat_completions(chat, headers, caller=caller)
+        response = response_object(req, answer)
+        with self._raw_lock:
+            self._responses[response["id"]] = (extra[SESSION_HEADER], conversation_after(req, chat, answer))
+            while len(self._responses) > _RESPONSES_KEPT:
+                self._responses.popitem(last=False)
+        return response, extra
 
     def _completion(self, req: ChatCompletionRequest, mode: Any, session: str) -> tuple[dict[str, Any] | ChatStream, dict[str, str]]:
         try:

@@ -1,0 +1,239 @@
+"""OpenAI's Responses API (``POST /v1/responses``) in terms of the gateway's chat completions.
+
+The OpenAI Agents SDK's default model class, and newer clients, call ``/v1/responses``. A request here becomes the
+chat-completions call it means (:func:`chat_body`), which the gateway runs and records exactly like any other (the
+same session, token continuity, tool-call parsing), and the chat completion becomes a Responses API ``response``
+object (:func:`response_object`). What maps to what:
+
+- ``instructions`` -> a first ``system`` message; ``input`` as a string -> one ``user`` message; input items:
+  messages (``role`` user / system / developer / assistant; content a string or parts: ``input_text``,
+  ``output_text``, ``refusal`` -> text, ``input_image`` with an ``image_url`` -> an image, ``input_audio`` ->
+  audio; ``developer`` is ``system``), ``function_call`` -> the assistant's tool call (joined to the assistant
+  message before it), ``function_call_output`` -> a ``tool`` message; ``reasoning`` items are dropped (the model's
+  text holds what it thought);
+- ``previous_response_id``: that response's whole conversation (its input, then its output) goes first; it must be
+  a response of the same session (responses are kept in memory, the newest 4096);
+- ``tools``: function tools only (``{"type": "function", "name", "description", "parameters", "strict"}``);
+  ``tool_choice``: ``auto`` / ``none`` / ``required`` / ``{"type": "function", "name"}``;
+- ``max_output_tokens`` -> ``max_completion_tokens``; ``temperature``, ``top_p``, ``user`` as in chat;
+- the response: ``output`` holds an assistant ``message`` (``output_text``) when the reply has text, then one
+  ``function_call`` item per tool call (``call_id`` = the chat tool call's id); ``status`` ``completed``, or
+  ``incomplete`` with ``incomplete_details.reason = "max_output_tokens"`` when the length ran out; ``usage`` in
+  input / output tokens; ``relax`` has the session, call index and weight version, as in chat.
+
+Not served: ``stream: true`` (refused, naming the field), built-in tools (web search, file search, computer use,
+...), ``input_file`` and ``file_id`` images, ``conversation`` objects, ``background``. Accepted and ignored:
+``include``, ``store``, ``metadata``, ``parallel_tool_calls``, ``service_tier``, ``prompt_cache_key``,
+``safety_identifier``, ``truncation`` (``disabled`` / ``auto``), ``reasoning`` and ``text`` at their defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+IGNORED = ("include", "store", "metadata", "parallel_tool_calls", "service_tier", "prompt_cache_key",
+           "safety_identifier", "truncation", "reasoning", "text", "top_logprobs", "stream_options", "background",
+           "prompt", "conversation", "max_tool_calls")
+
+
+class ResponsesRequestError(ValueError):
+    """A request this endpoint cannot serve; ``param`` names the field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ResponsesRequest(BaseModel):
+    """The body of ``POST /v1/responses`` (the fields this endpoint reads; :data:`IGNORED` pass unread)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    user: str | None = None
+    stream: bool = False
+    # accepted, not read (see IGNORED)
+    include: Any = None
+    store: Any = None
+    metadata: Any = None
+    parallel_tool_calls: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    safety_identifier: Any = None
+    truncation: Any = None
+    reasoning: Any = None
+    text: Any = None
+    top_logprobs: Any = None
+    stream_options: Any = None
+    background: Any = None
+    prompt: Any = None
+    conversation: Any = None
+    max_tool_calls: Any = None
+
+
+def parse_request(body: Any) -> ResponsesRequest:
+    """The request, or a :class:`ResponsesRequestError` naming the first field at fault."""
+    if not isinstance(body, dict):
+        raise ResponsesRequestError("the body must be a JSON object with 'model' and 'input'")
+    try:
+        req = ResponsesRequest.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(x) for x in err.get("loc", ()))
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown field (not a Responses API field this endpoint supports)"
+        raise ResponsesRequestError(f"{where}: {msg}", where.split(".")[0] or None) from None
+    if req.stream:
+        raise ResponsesRequestError("stream: true is not served on /v1/responses yet; send stream: false (or use "
+                                    "/v1/chat/completions, which streams)", "stream")
+    if req.background:
+        raise ResponsesRequestError("background: true is not served (every response completes in its call)", "background")
+    if req.conversation is not None:
+        raise ResponsesRequestError("conversation objects are not served; use previous_response_id or send the "
+                                    "whole input", "conversation")
+    if req.truncation not in (None, "disabled", "auto"):
+        raise ResponsesRequestError(f"truncation: {req.truncation!r} is not 'disabled' or 'auto'", "truncation")
+    return req
+
+
+def _part(part: Any, where: str) -> dict[str, Any]:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind in ("input_text", "output_text", "text"):
+        return {"type": "text", "text": str(part.get("text", ""))}
+    if kind == "refusal":
+        return {"type": "text", "text": str(part.get("refusal", ""))}
+    if kind == "input_image":
+        if not isinstance(part.get("image_url"), str):
+            raise ResponsesRequestError(f"{where}: input_image needs an image_url (a data: URL or a file:// path); "
+                                        f"file_id images are not served", "input")
+        return {"type": "image_url", "image_url": {"url": part["image_url"]}}
+    if kind == "input_audio":
+        return {"type": "input_audio", "input_audio": part.get("input_audio")}
+    raise ResponsesRequestError(f"{where}: content part of type {kind!r} is not served (input_text, input_image, "
+                                f"input_audio, output_text)", "input")
+
+
+def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """``req``'s own input as chat messages (``instructions`` not included)."""
+    if isinstance(req.input, str):
+        return [{"role": "user", "content": req.input}]
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(req.input):
+        where = f"input[{i}]"
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise ResponsesRequestError(f"{where}.role: {role!r} is not user, system, developer or assistant", "input")
+            content = item.get("content")
+            if isinstance(content, list):
+                content = [_part(p, f"{where}.content[{j}]") for j, p in enumerate(content)]
+                if role == "assistant":  # the chat API's assistant content is text
+                    content = "".join(p.get("text", "") for p in content)
+            elif not isinstance(content, str):
+                raise ResponsesRequestError(f"{where}.content: must be a string or a list of parts", "input")
+            out.append({"role": "system" if role == "developer" else role, "content": content})
+        elif kind == "function_call":
+            call = {"id": str(item.get("call_id") or item.get("id") or ""), "type": "function",
+                    "function": {"name": str(item.get("name") or ""), "arguments": str(item.get("arguments") or "{}")}}
+            if not call["id"] or not call["function"]["name"]:
+                raise ResponsesRequestError(f"{where}: a function_call needs call_id and name", "input")
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            out.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
+                        "content": output if isinstance(output, str) else json.dumps(output)})
+        elif kind == "reasoning":
+            continue
+        else:
+            raise ResponsesRequestError(f"{where}: items of type {kind!r} are not served (message, function_call, "
+                                        f"function_call_output, reasoning)", "input")
+    return out
+
+
+def chat_tools(req: ResponsesRequest) -> tuple[list[dict[str, Any]] | None, Any]:
+    """``tools`` and ``tool_choice`` in the chat API's shape."""
+    tools = None
+    if req.tools is not None:
+        tools = []
+        for i, tool in enumerate(req.tools):
+            if tool.get("type") != "function":
+                raise ResponsesRequestError(f"tools[{i}]: built-in tools ({tool.get('type')!r}) are not served; "
+                                            f"function tools only", "tools")
+            tools.append({"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters",
+                                                                               "strict") if tool.get(k) is not None}})
+    choice = req.tool_choice
+    if isinstance(choice, dict):
+        if choice.get("type") != "function" or not choice.get("name"):
+            raise ResponsesRequestError("tool_choice: an object must be {'type': 'function', 'name': ...}", "tool_choice")
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    return tools or None, choice
+
+
+def chat_body(req: ResponsesRequest, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat-completions body ``req`` means, after ``history`` (the previous response's conversation)."""
+    messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history \
+        + input_messages(req)
+    tools, choice = chat_tools(req)
+    body: dict[str, Any] = {"model": req.model, "messages": messages}
+    for key, value in (("tools", tools), ("tool_choice", choice), ("max_completion_tokens", req.max_output_tokens),
+                       ("temperature", req.temperature), ("top_p", req.top_p), ("user", req.user)):
+        if value is not None:
+            body[key] = value
+    return body
+
+
+def response_object(req: ResponsesRequest, chat: dict[str, Any]) -> dict[str, Any]:
+    """A chat completion (the gateway's) as a Responses API ``response``."""
+    choice = chat["choices"][0]
+    message = choice["message"]
+    output: list[dict[str, Any]] = []
+    if message.get("content"):
+        output.append({"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}", "status": "completed",
+                       "role": "assistant", "content": [{"type": "output_text", "text": message["content"],
+                                                         "annotations": [], "logprobs": []}]})
+    for call in message.get("tool_calls") or []:
+        output.append({"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": call["id"],
+                       "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+                       "status": "completed"})
+    cut = choice["finish_reason"] == "length"
+    usage = chat["usage"]
+    return {
+        "id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": int(time.time()), "model": req.model,
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None, "error": None,
+        "instructions": req.instructions, "previous_response_id": req.previous_response_id,
+        "output": output, "parallel_tool_calls": True, "tool_choice": req.tool_choice or "auto",
+        "tools": req.tools or [], "temperature": req.temperature, "top_p": req.top_p,
+        "max_output_tokens": req.max_output_tokens, "text": {"format": {"type": "text"}}, "truncation": "disabled",
+        "metadata": {}, "store": False, "reasoning": None,
+        "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
+                  "total_tokens": usage["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 0}},
+        "relax": chat.get("relax", {}),
+    }
+
+
+def conversation_after(req: ResponsesRequest, body: dict[str, Any], chat: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a later ``previous_response_id`` continues: the call's chat messages (without its ``instructions``
+    message: as in OpenAI's API, a later call brings its own) and the reply as an assistant message."""
+    message = {k: v for k, v in chat["choices"][0]["message"].items() if k in ("role", "content", "tool_calls")}
+    return [*body["messages"][1 if req.instructions else 0:], message]
