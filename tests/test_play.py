@@ -14,7 +14,7 @@ from relax_gym.envs.random_policy import RandomPolicy, listed_options
 from relax_gym.envs.tools import parse_tool_calls
 from relax_gym.omni import Message, TextPart
 
-from .envs.test_agent_program import OnMessages
+from .envs.test_agent_program import OnCompletions
 from .envs.test_check_errors import BrokenCalculator
 
 runner = CliRunner()
@@ -72,14 +72,14 @@ def test_play_shows_a_raising_tools_traceback(clean_registry):
 
 def test_play_and_check_show_what_an_agent_program_said(clean_registry):
     """Its exit status, the request it sent that was refused, and its stderr's end, where the user looks."""
-    relax_gym.register("messages-agent", OnMessages)
-    played = runner.invoke(app, ["envs", "play", "messages-agent", "--policy", "gold"])
+    relax_gym.register("completions-agent", OnCompletions)
+    played = runner.invoke(app, ["envs", "play", "completions-agent", "--policy", "gold"])
     assert played.exit_code == 0, played.output
     assert "the agent program exited with status 1 after 0 model call(s); its first refused request: 404 for POST " \
-           "/v1/messages" in " ".join(played.output.split())
+           "/v1/completions" in " ".join(played.output.split())
     assert "the model call failed: NotFoundError" in played.output
-    checked = runner.invoke(app, ["envs", "check", "messages-agent"])
-    assert checked.exit_code == 1 and "FAIL messages-agent" in checked.output
+    checked = runner.invoke(app, ["envs", "check", "completions-agent"])
+    assert checked.exit_code == 1 and "FAIL completions-agent" in checked.output
     assert "the agent program exited with status 1" in checked.output and "NotFoundError" in checked.output
 
 

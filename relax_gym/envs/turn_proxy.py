@@ -34,6 +34,10 @@ from relax_gym.omni.openai_tools import (
     split_reply,
     tool_mode,
 )
+from relax_gym.omni.messages_api import MessagesRequestError, message_object
+from relax_gym.omni.messages_api import chat_body as messages_chat_body
+from relax_gym.omni.messages_api import error_body as messages_error
+from relax_gym.omni.messages_api import parse_request as parse_messages
 from relax_gym.omni.responses_api import (
     ResponsesRequestError,
     chat_body,
@@ -104,11 +108,10 @@ class _Server:
             found = next((e for k, e in self.episodes.items() if hmac.compare_digest(k, key)), None)
         return found
 
-    def note_refusal(self, key: str, status: int, method: str, path: str, answer: dict[str, Any]) -> None:
+    def note_refusal(self, key: str, status: int, method: str, path: str, message: str) -> None:
         """Keep the first refused request of an episode's key (what an agent that made no call tripped on)."""
         episode = self.episode(key) if key else None
         if episode is not None and episode.first_error is None:
-            message = (answer.get("error") or {}).get("message", "")
             episode.first_error = f"{status} for {method} {path}: {message}"[:500]
 
     def call(self, key: str, body: Any) -> tuple[int, dict[str, Any]]:
@@ -256,9 +259,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         route = self.path.rstrip("/")
-        if route not in ("/v1/chat/completions", "/v1/responses"):
-            self._send(404, _error(f"no route {self.path} (this endpoint serves POST /v1/chat/completions and "
-                                   f"/v1/responses)", "not_found_error"))
+        if route not in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
+            self._send(404, _error(f"no route {self.path} (this endpoint serves POST /v1/chat/completions, "
+                                   f"/v1/responses and /v1/messages)", "not_found_error"))
             return
         try:
             length = int(self.headers.get("Content-Length") or "")
@@ -278,13 +281,33 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             self._send(400, _error("the body must be a JSON object", "invalid_request_error"))
             return
-        auth = self.headers.get("Authorization") or ""
-        key = auth.removeprefix("Bearer ").strip()
+        key = self._key()
         if route == "/v1/responses":
             self._send(*self._responses(key, body))
             return
+        if route == "/v1/messages":
+            self._send(*self._messages(key, body))
+            return
         status, answer = self.owner.call(key, body)
         self._send(status, answer)
+
+    def _key(self) -> str:
+        """The episode key: a bearer (OpenAI's clients) or ``x-api-key`` (Anthropic's)."""
+        auth = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+        return auth or (self.headers.get("x-api-key") or "").strip()
+
+    def _messages(self, key: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Anthropic's Messages call as the chat call it means (:mod:`relax_gym.omni.messages_api`), its errors in
+        Anthropic's shape."""
+        try:
+            req = parse_messages(body)
+            chat = messages_chat_body(req)
+        except MessagesRequestError as exc:
+            return 400, messages_error(400, str(exc))
+        status, answer = self.owner.call(key, chat)
+        if status != 200:
+            return status, messages_error(status, (answer.get("error") or {}).get("message", ""))
+        return 200, message_object(req, answer)
 
     def _responses(self, key: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """The Responses API call as the chat call it means (:mod:`relax_gym.omni.responses_api`)."""
@@ -311,8 +334,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: dict[str, Any]) -> None:
         if status >= 400:
-            key = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
-            self.owner.note_refusal(key, status, self.command, self.path, body)
+            message = (body.get("error") or {}).get("message", "")
+            self.owner.note_refusal(self._key(), status, self.command, self.path, message)
         raw = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")

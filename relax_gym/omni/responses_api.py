@@ -36,6 +36,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from relax_gym.omni.request_errors import field_error
+
 IGNORED = ("include", "store", "metadata", "parallel_tool_calls", "service_tier", "prompt_cache_key",
            "safety_identifier", "truncation", "reasoning", "text", "top_logprobs", "stream_options", "background",
            "prompt", "conversation", "max_tool_calls")
@@ -91,12 +93,7 @@ def parse_request(body: Any) -> ResponsesRequest:
     try:
         req = ResponsesRequest.model_validate(body)
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        where = ".".join(str(x) for x in err.get("loc", ()))
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        if err.get("type") == "extra_forbidden":
-            msg = "unknown field (not a Responses API field this endpoint supports)"
-        raise ResponsesRequestError(f"{where}: {msg}", where.split(".")[0] or None) from None
+        raise ResponsesRequestError(*field_error(exc, "Responses API")) from None
     if req.stream:
         raise ResponsesRequestError("stream: true is not served on /v1/responses yet; send stream: false (or use "
                                     "/v1/chat/completions, which streams)", "stream")

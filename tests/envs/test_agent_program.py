@@ -85,16 +85,16 @@ def test_agent_sdks_telemetry_is_off_in_every_program():
     assert env.seen["OPENAI_AGENTS_DISABLE_TRACING"] == "1" and env.seen["OPENAI_API_KEY"] == "k"
 
 
-class OnMessages(AgentProgramEnv):
-    """An agent whose SDK calls an API the turn-by-turn endpoint does not serve (Anthropic's Messages): it fails on
+class OnCompletions(AgentProgramEnv):
+    """An agent on an API the turn-by-turn endpoint does not serve (OpenAI's legacy text completions): it fails on
     its first call and says so on stderr."""
 
     def __init__(self, **kwargs):
         super().__init__(runner="local", **kwargs)
 
     def _make_task(self, options):
-        code = ("import sys\nfrom openai import OpenAI\ntry:\n    OpenAI(max_retries=0).post('/messages', "
-                "body={'model': 'm'}, cast_to=object)\nexcept Exception as exc:\n    sys.exit(f'the model call failed: {type(exc).__name__}')\n")
+        code = ("import sys\nfrom openai import OpenAI\ntry:\n    OpenAI(max_retries=0).completions.create("
+                "model='m', prompt='hi')\nexcept Exception as exc:\n    sys.exit(f'the model call failed: {type(exc).__name__}')\n")
         return ProgramTask(prompt="say hi", argv=[PYTHON, "agent.py"], files={"agent.py": code}, gold_replies=["hi"])
 
     def _score(self, run: ProgramRun):
@@ -102,23 +102,24 @@ class OnMessages(AgentProgramEnv):
 
 
 def test_a_turn_by_turn_agent_that_made_no_call_says_what_it_tripped_on():
-    env = OnMessages()
+    env = OnCompletions()
     try:
         obs, _ = env.reset(seed=0)
         assert obs[0].text == "say hi"  # it ended before its first call: the task is the opening
         _, reward, terminated, _, info = env.step("hi")
         assert terminated and reward == 0.0 and info["agent_rc"] == 1
-        assert info["agent_first_http_error"].startswith("404 for POST /v1/messages: no route /v1/messages (this "
-                                                         "endpoint serves POST /v1/chat/completions and /v1/responses)")
+        assert info["agent_first_http_error"].startswith("404 for POST /v1/completions: no route /v1/completions "
+                                                         "(this endpoint serves POST /v1/chat/completions, "
+                                                         "/v1/responses and /v1/messages)")
         report = env.program_report()
         assert report.startswith("the agent program exited with status 1 after 0 model call(s); its first refused "
-                                 "request: 404 for POST /v1/messages")
+                                 "request: 404 for POST /v1/completions")
         assert report.endswith("its stderr ends:\n  the model call failed: NotFoundError")
     finally:
         env.close()
 
 
-class OnResponses(OnMessages):
+class OnResponses(OnCompletions):
     """An agent on the Responses API (as the Agents SDK's default model calls it): instructions, one input, the
     answer printed to a file the scorer reads."""
 

@@ -78,7 +78,9 @@ positions), ``stop``, ``n`` (1 only), ``logprobs``, ``top_logprobs``, ``user``, 
 extensions. OpenAI fields without meaning here (``metadata``, ``store``, ``service_tier``,
 ``parallel_tool_calls``) are accepted and ignored; ``response_format``, penalties and ``logit_bias`` only at
 their neutral value. Anything else is refused. ``POST /v1/responses`` (OpenAI's Responses API) runs as the chat
-call it means and is recorded the same way (:mod:`relax_gym.omni.responses_api` has the mapping). Errors are OpenAI's shape, ``{"error": {"message", "type",
+call it means and is recorded the same way (:mod:`relax_gym.omni.responses_api` has the mapping), and so does
+``POST /v1/messages`` (Anthropic's Messages API, its key as ``x-api-key`` or a bearer, its errors in Anthropic's
+shape: :mod:`relax_gym.omni.messages_api`). Errors are OpenAI's shape, ``{"error": {"message", "type",
 "param", "code"}}``, with the offending field first in the message and in ``param``.
 """
 
@@ -110,6 +112,10 @@ from relax_gym.trainer.engines.bearer import bearer_of, token_matches
 from relax_gym.trainer.engines.errors import EngineRequestError
 from relax_gym.trainer.engines.protocol import check_stop, check_top_k
 from relax_gym.trainer.gateway.keys import ADMIN, ANONYMOUS, Caller, EpisodeKeys, valid_session_id
+from relax_gym.omni.messages_api import MessagesRequestError, message_object
+from relax_gym.omni.messages_api import chat_body as messages_chat_body
+from relax_gym.omni.messages_api import error_body as messages_error
+from relax_gym.omni.messages_api import parse_request as parse_messages
 from relax_gym.omni.responses_api import (
     ResponsesRequestError,
     chat_body,
@@ -298,6 +304,15 @@ def session_id_of(headers: Mapping[str, str] | Any, user: str | None) -> str:
     return value
 
 
+def with_api_key_as_bearer(headers: Mapping[str, str] | Any) -> Any:
+    """``headers`` with an ``x-api-key`` (Anthropic's way of sending a key) as ``Authorization: Bearer``, unless
+    the request already has an Authorization header."""
+    key = _header(headers, "x-api-key")
+    if not key or _header(headers, "Authorization"):
+        return headers
+    return {**{str(k): v for k, v in (headers.items() if headers is not None else ())}, "Authorization": f"Bearer {key}"}
+
+
 def _header(headers: Mapping[str, str] | Any, name: str) -> str | None:
     """A header by case-insensitive name from a mapping or an ``email.message.Message``."""
     if headers is None:
@@ -480,6 +495,9 @@ class OpenAIAPI:
         the server's admin token. Errors come back in OpenAI's shape, never raised."""
         sessions = "/v1/relax/sessions"
         caller = None
+        anthropic = path == "/v1/messages"
+        if anthropic:  # Anthropic's clients send their key as x-api-key
+            headers = with_api_key_as_bearer(headers)
         try:
             caller = self.authenticate(headers, token)
             if path == "/v1/chat/completions":
@@ -487,6 +505,10 @@ class OpenAIAPI:
                 response, extra = self.chat_completions(body, headers, caller=caller)
                 if isinstance(response, ChatStream):
                     return Reply(200, None, ChatStream.content_type, {"Cache-Control": "no-cache", **extra}, response)
+                return Reply(200, response, headers=extra)
+            if anthropic:
+                _allow(method, path, "POST")
+                response, extra = self.messages(body, headers, caller=caller)
                 return Reply(200, response, headers=extra)
             if path == "/v1/responses":
                 _allow(method, path, "POST")
@@ -509,7 +531,7 @@ class OpenAIAPI:
             if session is not None:
                 with self._raw_lock:
                     self._first_errors.setdefault(session, f"{exc.status} for {method} {path}: {exc.message}"[:500])
-            return Reply(exc.status, exc.to_json())
+            return Reply(exc.status, messages_error(exc.status, exc.message) if anthropic else exc.to_json())
 
     # -------------------------------------------------------------------------------------------- access
 
@@ -575,6 +597,18 @@ class OpenAIAPI:
         except Exception as exc:  # the engine (or the renderer) failed, not the request: the session knows it
             self.recorder.fail(session, f"{type(exc).__name__}: {exc}")
             raise
+
+    def messages(self, body: Any, headers: Mapping[str, str] | Any = None, *,
+                 caller: Caller | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+        """``POST /v1/messages`` (Anthropic's Messages API, :mod:`relax_gym.omni.messages_api`): run as the chat
+        completion it means, recorded into the same session; the message object and its extra headers."""
+        try:
+            req = parse_messages(body)
+            chat = messages_chat_body(req)
+        except MessagesRequestError as exc:
+            raise OpenAIError(400, str(exc)) from None
+        answer, extra = self.chat_completions(chat, headers, caller=caller)
+        return message_object(req, answer), extra
 
     def responses(self, body: Any, headers: Mapping[str, str] | Any = None, *,
                   caller: Caller | None = None) -> tuple[dict[str, Any], dict[str, str]]:

@@ -98,20 +98,20 @@ def test_recorded_calls_become_the_trained_sequence(served_policy):
     assert traj.trainable and traj.turns == 2 and traj.group_id == 3
 
 
-# An agent on an SDK that calls an API this gateway does not serve (yet): Anthropic's Messages
-MESSAGES_AGENT = '''
+# An agent on an API this gateway does not serve: OpenAI's legacy text completions
+COMPLETIONS_AGENT = '''
 import sys
 from openai import OpenAI
 try:
-    OpenAI(max_retries=0).post("/messages", body={"model": "any"}, cast_to=object)
+    OpenAI(max_retries=0).completions.create(model="any", prompt="hi")
 except Exception as exc:
     sys.exit(f"the model call failed: {type(exc).__name__}")
 '''
 
 
-class _OnMessages(_Chatty):
+class _OnCompletions(_Chatty):
     def _make_task(self, options):
-        return ProgramTask(prompt="chat", argv=[PYTHON, "agent.py"], files={"agent.py": MESSAGES_AGENT})
+        return ProgramTask(prompt="chat", argv=[PYTHON, "agent.py"], files={"agent.py": COMPLETIONS_AGENT})
 
 
 def test_an_agent_that_made_no_call_is_told_by_its_first_refused_request_and_its_stderr(served_policy):
@@ -121,7 +121,7 @@ def test_an_agent_that_made_no_call_is_told_by_its_first_refused_request_and_its
         client = AsyncEngineClient(served_policy.server.url)
         programs = ProgramEpisodes(served_policy.processor)
         try:
-            return await programs.run(_OnMessages(runner="local"), client, seed=0, group_id=0, sampling_params=SAMPLING)
+            return await programs.run(_OnCompletions(runner="local"), client, seed=0, group_id=0, sampling_params=SAMPLING)
         finally:
             programs.close()
             await client.aclose()
@@ -129,9 +129,9 @@ def test_an_agent_that_made_no_call_is_told_by_its_first_refused_request_and_its
     traj = asyncio.run(main())
     assert traj.status == "env_error" and not traj.trainable
     assert "no model call (nothing to train on): it exited with status 1; its first refused request: 404 for POST " \
-           "/v1/messages: no endpoint '/v1/messages'" in traj.error, traj.error
+           "/v1/completions: no endpoint '/v1/completions'" in traj.error, traj.error
     assert traj.error.endswith("stderr ends: the model call failed: NotFoundError")
-    assert traj.info["agent_first_http_error"].startswith("404 for POST /v1/messages")
+    assert traj.info["agent_first_http_error"].startswith("404 for POST /v1/completions")
     assert traj.info["agent_stderr_tail"].strip() == "the model call failed: NotFoundError" and traj.info["agent_rc"] == 1
 
 
