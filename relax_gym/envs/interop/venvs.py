@@ -70,28 +70,47 @@ def framework_python(fw: Framework, venv: str | os.PathLike | None = None) -> Pa
 
 def ensure_venv(fw: Framework) -> Path:
     """The made venv of ``fw`` (built now if it is not there yet); its interpreter."""
+    hint = (f"Or make one yourself (pip install {' '.join(fw.requirements + SERVER_REQUIREMENTS)}) and name it with "
+            f"venv=... or {venv_var(fw)}")
+    return made_venv(f"{fw.scheme}-{venv_key(fw)}", fw.title, fw.requirements + SERVER_REQUIREMENTS, hint=hint,
+                     record={"framework": fw.scheme, "requirements": list(fw.requirements),
+                             "server_requirements": list(SERVER_REQUIREMENTS)})
+
+
+def client_venv(name: str, requirements: tuple[str, ...]) -> Path:
+    """A venv holding exactly ``requirements`` (e.g. an agent SDK or an API client whose pins are not ours), made
+    once under the cache as ``<name>-<key>`` (the key hashes the requirements and the Python version); its
+    interpreter."""
+    key = hashlib.sha256(json.dumps([list(requirements), list(sys.version_info[:2])]).encode()).hexdigest()[:12]
+    return made_venv(f"{name}-{key}", name, requirements, record={"client": name, "requirements": list(requirements)})
+
+
+def made_venv(folder_name: str, title: str, requirements: tuple[str, ...], *, hint: str = "",
+              record: dict | None = None) -> Path:
+    """``$RELAX_GYM_CACHE/interop/<folder_name>`` with ``requirements`` pip-installed (built now, under a file lock,
+    unless its marker says it is complete); its interpreter."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    folder = root / f"{fw.scheme}-{venv_key(fw)}"
+    folder = root / folder_name
     with (root / f"{folder.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it: wait for that build
         if not (folder / MARKER).is_file():
-            _build(fw, folder)
+            _build(folder, title, requirements, hint, record or {})
     return venv_python(folder)
 
 
-def _build(fw: Framework, folder: Path) -> None:
+def _build(folder: Path, title: str, requirements: tuple[str, ...], hint: str, record: dict) -> None:
     shutil.rmtree(folder, ignore_errors=True)  # an interrupted build
     log_path = folder.with_name(folder.name + ".pip.log")
     started = time.monotonic()
     with log_path.open("w") as log:
-        log.write(f"building {folder} for {fw.title}: {' '.join(fw.requirements + SERVER_REQUIREMENTS)}\n")
+        log.write(f"building {folder} for {title}: {' '.join(requirements)}\n")
         log.flush()
         try:
             subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True, stdout=log, stderr=subprocess.STDOUT,
                            timeout=300)
             subprocess.run([str(venv_python(folder)), "-m", "pip", "install", "--disable-pip-version-check",
-                            "--no-input", *fw.requirements, *SERVER_REQUIREMENTS],
+                            "--no-input", *requirements],
                            check=True, stdout=log, stderr=subprocess.STDOUT, timeout=PIP_TIMEOUT_S,
                            env={**os.environ, "PIP_NO_INPUT": "1"})
             freeze = subprocess.run([str(venv_python(folder)), "-m", "pip", "freeze", "--all"], check=True,
@@ -99,11 +118,10 @@ def _build(fw: Framework, folder: Path) -> None:
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
             shutil.rmtree(folder, ignore_errors=True)
             raise FrameworkVenvError(
-                f"could not make the {fw.title} venv {folder} ({_why(exc)}); pip's log: {log_path}\n{log_tail(log_path, 12)}\n"
-                f"Or make one yourself (pip install {' '.join(fw.requirements + SERVER_REQUIREMENTS)}) and name it "
-                f"with venv=... or {venv_var(fw)}") from None
-    record = {"framework": fw.scheme, "requirements": list(fw.requirements), "server_requirements": list(SERVER_REQUIREMENTS),
-              "python": sys.version.split()[0], "built_s": round(time.monotonic() - started, 1), "packages": freeze}
+                f"could not make the {title} venv {folder} ({_why(exc)}); pip's log: {log_path}\n{log_tail(log_path, 12)}"
+                + (f"\n{hint}" if hint else "")) from None
+    record = {**record, "python": sys.version.split()[0], "built_s": round(time.monotonic() - started, 1),
+              "packages": freeze}
     (folder / MARKER).write_text(json.dumps(record, indent=1) + "\n")
 
 

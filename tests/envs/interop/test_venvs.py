@@ -38,7 +38,7 @@ def test_an_interrupted_build_is_built_again(tmp_path, monkeypatch):
     folder = tmp_path / "interop" / f"gem-{venv_key(fw)}"
     (folder / "bin").mkdir(parents=True)  # what a killed build leaves: a folder without its marker
     built: list[Path] = []
-    monkeypatch.setattr(venvs, "_build", lambda fw, f: (built.append(f), (f / venvs.MARKER).write_text("{}")))
+    monkeypatch.setattr(venvs, "_build", lambda f, *rest: (built.append(f), (f / venvs.MARKER).write_text("{}")))
     assert venvs.ensure_venv(fw) == folder / "bin" / "python" and built == [folder]
     assert venvs.ensure_venv(fw) == folder / "bin" / "python" and built == [folder]  # the marker: kept
 

@@ -1,16 +1,64 @@
-"""``POST /v1/messages`` (Anthropic's Messages API) on the gateway (the translation: omni/messages_api.py): a
-request as Anthropic's client sends it (its key in ``x-api-key``, an ``anthropic-version`` header) gets a Messages
-answer, tool use included, recorded into the key's session like a chat call; errors come in Anthropic's shape."""
+"""``POST /v1/messages`` (Anthropic's Messages API) on the gateway (the translation: omni/messages_api.py): the
+official ``anthropic`` client (in a venv of its own, made by the code: its pins are not ours) runs a tool use and
+its result, recorded into the key's session like chat calls and continuing the same tokens; requests as the client
+sends them (its key in ``x-api-key``) get errors in Anthropic's shape."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import httpx
+
+from relax_gym.envs.interop.venvs import client_venv
 
 from .test_openai_tools import scripted  # noqa: F401 - the fixture
 
 CALL = 'Let me add.\n<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
 ADD = {"name": "add", "description": "Add two numbers.",
        "input_schema": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}
+
+
+ANTHROPIC = ("anthropic==2.17.0",)
+CLIENT = r'''
+import json, sys
+import anthropic
+client = anthropic.Anthropic(base_url=sys.argv[1], api_key=sys.argv[2], max_retries=0)
+tools = [json.loads(sys.argv[3])]
+ask = [{"role": "user", "content": "1 + 2?"}]
+first = client.messages.create(model="m", max_tokens=64, system="Use the tool.", tools=tools, messages=ask)
+use = next(b for b in first.content if b.type == "tool_use")
+result = [{"type": "tool_result", "tool_use_id": use.id, "content": str(use.input["a"] + use.input["b"])}]
+second = client.messages.create(model="m", max_tokens=64, system="Use the tool.", tools=tools,
+                                messages=[*ask, {"role": "assistant", "content": first.content},
+                                          {"role": "user", "content": result}])
+try:
+    client.messages.create(model="m", max_tokens=4, messages=[{"role": "system", "content": "x"}])
+    refused = None
+except anthropic.BadRequestError as exc:
+    refused = exc.body
+print(json.dumps({"first": first.model_dump(), "second": second.model_dump(), "refused": refused}))
+'''
+
+
+def test_anthropics_own_client_runs_a_tool_use_and_its_result(scripted):
+    python = client_venv("anthropic", ANTHROPIC)
+    key = scripted.api.keys.issue("ep-0")
+    scripted.engine.replies = [CALL, "It is 3."]
+    run = subprocess.run([str(python), "-c", CLIENT, scripted.server.url, key, json.dumps(ADD)], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    first, second = got["first"], got["second"]
+    assert first["stop_reason"] == "tool_use" and first["content"][1]["input"] == {"a": 1, "b": 2}
+    assert [(b["type"], b["text"]) for b in second["content"]] == [("text", "It is 3.")]
+    assert got["refused"]["error"]["type"] == "invalid_request_error" and "messages[0].role" in \
+        got["refused"]["error"]["message"]
+    one, two = scripted.api.recorder.get("ep-0")
+    assert two.continues and two.prompt_ids[: len(one.prompt_ids) + len(one.completion_ids)] == \
+        one.prompt_ids + one.completion_ids
+    tool = scripted.engine.asked[1].messages[-1]
+    assert tool.role == "tool" and tool.text.split() == ["<tool_response>", "3", "</tool_response>"]
 
 
 def _post(scripted, body, key):
