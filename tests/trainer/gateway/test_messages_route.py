@@ -11,6 +11,7 @@ import subprocess
 import httpx
 
 from relax_gym.envs.interop.venvs import client_venv
+from relax_gym.trainer.gateway.api import with_api_key_as_bearer
 
 from .test_openai_tools import scripted  # noqa: F401 - the fixture
 
@@ -94,3 +95,9 @@ def test_errors_come_in_anthropics_shape(scripted):
                                                       "message": "max_tokens: Field required"}}
     stranger = _post(scripted, {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}, "nope")
     assert stranger.status_code == 401 and stranger.json()["error"]["type"] == "authentication_error"
+
+
+def test_an_x_api_key_is_the_bearer_unless_one_is_sent():
+    assert with_api_key_as_bearer({"X-Api-Key": "k1"})["Authorization"] == "Bearer k1"
+    kept = {"Authorization": "Bearer k2", "x-api-key": "k1"}
+    assert with_api_key_as_bearer(kept) is kept and with_api_key_as_bearer({}) == {}
