@@ -89,14 +89,16 @@ class ProgramOutcome:
 class AgentProgramEnv(AgentEnv):
     """Base class of agent-program envs (see the module doc). ``program_timeout_s``: wall-clock limit of one run;
     ``max_turns``: model calls allowed when played turn by turn; ``python_packages``: distributions the program
-    imports (mounted into the sandbox)."""
+    imports (mounted into the sandbox); ``python_venv``: a venv they come from instead of this environment (an
+    agent SDK whose pins are not ours, e.g. one :func:`relax_gym.envs.interop.venvs.client_venv` made)."""
 
     agent_program = True  # the trainer's episode runners look for this
     media_kinds = ()
 
     def __init__(self, *, runner: Literal["sandbox", "local"] = "sandbox", sandbox: SandboxSpec | dict[str, Any] | None = None,
                  backend: str | None = None, program_timeout_s: float = 120.0, max_turns: int = 8,
-                 python_packages: tuple[str, ...] | list[str] = ("openai",), **kwargs: Any) -> None:
+                 python_packages: tuple[str, ...] | list[str] = ("openai",), python_venv: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(max_turns=max_turns, **kwargs)
         if runner not in ("sandbox", "local"):
             raise ValueError(f"runner must be 'sandbox' or 'local', got {runner!r}")
@@ -107,6 +109,11 @@ class AgentProgramEnv(AgentEnv):
         self.backend = backend
         self.program_timeout_s = float(program_timeout_s)
         self.python_packages = tuple(python_packages)
+        # a venv whose packages the program imports (an agent SDK whose pins are not ours): its interpreter runs the
+        # program locally, and the sandbox gets its packages copied from it
+        self.python_venv = python_venv
+        if python_venv is not None and not self._venv_python().is_file():
+            raise ValueError(f"python_venv {python_venv!r} has no bin/python")
         self.task: ProgramTask | None = None
         self._proxy: TurnProxy | None = None
         self._thread: threading.Thread | None = None
@@ -116,6 +123,10 @@ class AgentProgramEnv(AgentEnv):
         self.last_refusal: str | None = None  # and the first request of it the endpoint refused
         # the shared sandbox pools stay open (warm between episodes) until this env closes
         self._pool_hold = PoolHold() if runner == "sandbox" else None
+
+    def _venv_python(self) -> Path:
+        venv = Path(str(self.python_venv)).expanduser()
+        return venv if venv.name.startswith("python") else venv / "bin" / "python"
 
     # -- subclass hooks -----------------------------------------------------------------------------------
 
@@ -166,7 +177,8 @@ class AgentProgramEnv(AgentEnv):
             return ProgramRun(None, "", "", False, 0.0, launch_error=f"{type(exc).__name__}: {exc}")
 
     def _run_local(self, task: ProgramTask, endpoint: AgentEndpoint) -> ProgramRun:
-        argv = [sys.executable if a == PYTHON else a for a in task.argv]
+        python = str(self._venv_python()) if self.python_venv else sys.executable
+        argv = [python if a == PYTHON else a for a in task.argv]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "LANG": "C.UTF-8", **TELEMETRY_OFF,
                **_openai_env(endpoint)}
         with tempfile.TemporaryDirectory(prefix="relax-gym-agent-") as work:
@@ -211,7 +223,8 @@ class AgentProgramEnv(AgentEnv):
         mounts = list(bridge_mounts(bridge))
         env = {"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", **TELEMETRY_OFF}
         if self.python_packages:
-            site = python_packages_dir(list(self.python_packages))
+            site = python_packages_dir(list(self.python_packages),
+                                       python=self._venv_python() if self.python_venv else None)
             mounts.append(runtime_mount(site))
             env.update(runtime_env(site))
         inner_url = endpoint.base_url.replace(f"{host}:{port}", f"127.0.0.1:{DEFAULT_LISTEN_PORT}", 1)

@@ -253,10 +253,28 @@ def _identity(names: tuple[str, ...]) -> tuple[list[md.Distribution], list[str],
     return dists, pins, tag, digest, label
 
 
-def python_packages_dir(names: Iterable[str], cache_dir: str | os.PathLike | None = None) -> Path:
+# runs in another interpreter (a venv of an agent SDK whose pins are not ours): this checkout's pyruntime, there
+_FOREIGN = ("import sys; sys.path.append({root!r}); from relax_gym.sandbox.pyruntime import main; "
+            "sys.exit(main(sys.argv[1:]))")
+
+
+def python_packages_dir(names: Iterable[str], cache_dir: str | os.PathLike | None = None,
+                        python: str | os.PathLike | None = None) -> Path:
     """A cached directory of ``names`` and their runtime dependencies, copied from this environment (see the
-    module docstring). Raises ValueError naming a distribution that is missing, editable or unlistable."""
+    module docstring), or from the environment of the interpreter ``python`` (a venv's ``bin/python``: an agent
+    SDK whose pins differ from ours; it must have ``packaging`` and ``pydantic``, and the sandbox's Python version).
+    Raises ValueError naming a distribution that is missing, editable or unlistable."""
     names = list(names)
+    if python is not None and Path(python).absolute() != Path(sys.executable).absolute():  # a venv's own python
+        # (a venv's interpreter is a link to the same binary as ours: its path, not its target, names the venv)
+        root = str(Path(__file__).resolve().parents[2])
+        cache = str(Path(cache_dir) if cache_dir is not None else cache_root())
+        run = subprocess.run([str(python), "-c", _FOREIGN.format(root=root), *names, "--cache-dir", cache],
+                             capture_output=True, text=True, timeout=600)
+        if run.returncode != 0:
+            raise ValueError(f"copying {', '.join(names)} from {python}: "
+                             f"{(run.stderr.strip().splitlines() or ['no output'])[-1]}")
+        return Path(run.stdout.strip().splitlines()[-1])
     dists, pins, tag, digest, label = _identity(tuple(names))
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     final = root / f"{label}-{digest}"
@@ -289,3 +307,24 @@ def runtime_env(path: str | os.PathLike | None = None, target: str = SITE_IN_SAN
     if path is None or any((Path(path) / LIBS_DIR).glob("*.so*")):
         env["LD_LIBRARY_PATH"] = f"{target}/{LIBS_DIR}"
     return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m relax_gym.sandbox.pyruntime NAME... [--cache-dir DIR]``: build (or find) the directory of NAME
+    and its dependencies from this interpreter's environment and print its path."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="relax_gym.sandbox.pyruntime", description=main.__doc__)
+    parser.add_argument("names", nargs="+")
+    parser.add_argument("--cache-dir", default=None)
+    args = parser.parse_args(argv)
+    try:
+        print(python_packages_dir(args.names, args.cache_dir))
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

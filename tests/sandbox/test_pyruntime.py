@@ -82,6 +82,21 @@ def test_an_import_name_finds_the_distribution_that_provides_it():
     assert "pillow" in _names(distribution_closure(["PIL"]))
 
 
+def test_packages_come_from_another_venv_when_its_python_is_named(cache_dir):
+    """An agent SDK whose pins are not ours lives in a venv of its own; its packages are copied from there."""
+    from relax_gym.envs.interop.venvs import client_venv
+    from tests.trainer.gateway.test_messages_route import ANTHROPIC
+
+    python = client_venv("anthropic", ANTHROPIC)
+    with pytest.raises(ValueError, match="'anthropic' is neither a distribution nor a module installed in"):
+        python_packages_dir(["anthropic"], cache_dir)  # not in ours
+    site = python_packages_dir(["anthropic"], cache_dir, python=python)
+    recorded = json.loads((site / "relax-gym-runtime.json").read_text())
+    assert (site / "anthropic" / "__init__.py").is_file() and "anthropic==2.17.0" in recorded["distributions"]
+    with pytest.raises(ValueError, match=f"copying nosuch from {python}: 'nosuch' is neither"):
+        python_packages_dir(["nosuch"], cache_dir, python=python)
+
+
 def test_directory_holds_the_closure_is_cached_and_recorded(openai_site, cache_dir):
     manifest = json.loads((openai_site / MANIFEST).read_text())
     assert manifest["python"] == python_tag() and manifest["requested"] == ["openai"]

@@ -77,10 +77,16 @@ def ensure_venv(fw: Framework) -> Path:
                              "server_requirements": list(SERVER_REQUIREMENTS)})
 
 
+# what relax-gym's sandbox packaging (relax_gym.sandbox.pyruntime) needs in a client's venv to copy from it
+CLIENT_REQUIREMENTS = ("packaging", "pydantic>=2.6")
+
+
 def client_venv(name: str, requirements: tuple[str, ...]) -> Path:
-    """A venv holding exactly ``requirements`` (e.g. an agent SDK or an API client whose pins are not ours), made
-    once under the cache as ``<name>-<key>`` (the key hashes the requirements and the Python version); its
-    interpreter."""
+    """A venv holding ``requirements`` (e.g. an agent SDK or an API client whose pins are not ours) and
+    :data:`CLIENT_REQUIREMENTS`, made once under the cache as ``<name>-<key>`` (the key hashes the requirements and
+    the Python version); its interpreter. An agent program's packages can be copied from it
+    (``AgentProgramEnv(python_venv=...)``)."""
+    requirements = (*requirements, *CLIENT_REQUIREMENTS)
     key = hashlib.sha256(json.dumps([list(requirements), list(sys.version_info[:2])]).encode()).hexdigest()[:12]
     return made_venv(f"{name}-{key}", name, requirements, record={"client": name, "requirements": list(requirements)})
 
