@@ -21,6 +21,14 @@ object (:func:`response_object`). What maps to what:
   ``incomplete`` with ``incomplete_details.reason = "max_output_tokens"`` when the length ran out; ``usage`` in
   input / output tokens; ``relax`` has the session, call index and weight version, as in chat.
 
+The other way, :func:`to_responses_input` writes our messages as Responses API input (NeMo-Gym task rows), each
+medium decoded by its own sampling spec first, so the other side gets what our policy would see: text as
+``input_text``; an image as ``input_image`` with a PNG ``data:`` URL; a video as its sampled frames, each an
+``input_text`` ``[video frame at T s]`` then an ``input_image`` (the API has no video part), and the clip's sound,
+when sampled, after them; audio as ``input_audio`` with base64 16-bit WAV (``{"data", "format": "wav"}``: the Chat
+Completions part; the Responses API defines none for audio, so a model server must accept this one); a ``tool``
+message as a ``user`` one.
+
 Not served: ``stream: true`` (refused, naming the field), built-in tools (web search, file search, computer use,
 ...), ``input_file`` and ``file_id`` images, ``conversation`` objects, ``background``. Accepted and ignored:
 ``include``, ``store``, ``metadata``, ``parallel_tool_calls``, ``service_tier``, ``prompt_cache_key``,
@@ -29,12 +37,19 @@ Not served: ``stream: true`` (refused, naming the field), built-in tools (web se
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import time
 import uuid
 from typing import Any
 
+import numpy as np
+import soundfile
+from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from relax_gym.omni.parts import AudioPart, ImagePart, Message, TextPart, VideoPart
 
 from relax_gym.omni.request_errors import field_error
 
@@ -120,17 +135,25 @@ def _part(part: Any, where: str) -> dict[str, Any]:
         return {"type": "image_url", "image_url": {"url": part["image_url"]}}
     if kind == "input_audio":
         return {"type": "input_audio", "input_audio": part.get("input_audio")}
+    if kind in ("image_url", "audio_url", "video_url"):  # chat parts, as some task files hold them
+        return part
     raise ResponsesRequestError(f"{where}: content part of type {kind!r} is not served (input_text, input_image, "
                                 f"input_audio, output_text)", "input")
 
 
 def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     """``req``'s own input as chat messages (``instructions`` not included)."""
-    if isinstance(req.input, str):
-        return [{"role": "user", "content": req.input}]
+    return [{"role": "user", "content": req.input}] if isinstance(req.input, str) else chat_messages(req.input)
+
+
+def chat_messages(items: list[Any]) -> list[dict[str, Any]]:
+    """Responses API input items as chat messages (a NeMo-Gym task row's ``input`` too); a
+    :class:`ResponsesRequestError` names the item and part it cannot read."""
     out: list[dict[str, Any]] = []
-    for i, item in enumerate(req.input):
+    for i, item in enumerate(items):
         where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise ResponsesRequestError(f"{where}: not an object", "input")
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
@@ -234,3 +257,50 @@ def conversation_after(req: ResponsesRequest, body: dict[str, Any], chat: dict[s
     message: as in OpenAI's API, a later call brings its own) and the reply as an assistant message."""
     message = {k: v for k, v in chat["choices"][0]["message"].items() if k in ("role", "content", "tool_calls")}
     return [*body["messages"][1 if req.instructions else 0:], message]
+
+
+# ---------------------------------------------------------------------------------- our messages, theirs
+
+
+def _png_url(pixels: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray(np.asarray(pixels, dtype=np.uint8)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _audio_part(waveform: np.ndarray, sample_rate: int) -> dict[str, Any]:
+    buffer = io.BytesIO()
+    soundfile.write(buffer, np.asarray(waveform, dtype=np.float32), sample_rate, format="WAV", subtype="PCM_16")
+    return {"type": "input_audio", "input_audio": {"data": base64.b64encode(buffer.getvalue()).decode(), "format": "wav"}}
+
+
+def _parts(part: Any) -> list[dict[str, Any]]:
+    if isinstance(part, TextPart):
+        return [{"type": "input_text", "text": part.text}]
+    if isinstance(part, ImagePart):
+        return [{"type": "input_image", "image_url": _png_url(part.decode()), "detail": "auto"}]
+    if isinstance(part, VideoPart):
+        video = part.decode()
+        out: list[dict[str, Any]] = []
+        for t, frame in zip(video.timestamps, video.frames):
+            out += [{"type": "input_text", "text": f"[video frame at {float(t):.2f} s]"},
+                    {"type": "input_image", "image_url": _png_url(frame), "detail": "auto"}]
+        if video.audio is not None:
+            out.append(_audio_part(video.audio.waveform, video.audio.sample_rate))
+        return out
+    if isinstance(part, AudioPart):
+        audio = part.decode()
+        return [_audio_part(audio.waveform, audio.sample_rate)]
+    raise TypeError(f"unknown part {type(part).__name__}")
+
+
+def to_responses_input(messages: list[Message] | tuple[Message, ...]) -> list[dict[str, Any]]:
+    """``messages`` as Responses API input messages, media decoded and inline."""
+    items = []
+    for message in messages:
+        role = "user" if message.role == "tool" else message.role
+        content = [p for part in message.content for p in _parts(part)]
+        if role == "assistant":  # earlier assistant turns are output text in the Responses API
+            content = [{"type": "output_text", "text": p["text"]} if p["type"] == "input_text" else p for p in content]
+        items.append({"type": "message", "role": role, "content": content})
+    return items

@@ -1,12 +1,23 @@
-"""The Responses API's requests as chat messages (relax_gym/omni/responses_api.py): roles, items and tools map
-as the module says; what is not served is one error naming the field (the route itself:
-tests/trainer/gateway/test_responses_route.py)."""
+"""The Responses API's requests as chat messages, and our messages as its input (relax_gym/omni/responses_api.py):
+roles, items and tools map as the module says; text, a picture and a sound survive the round trip; what is not
+served is one error naming the field, item and part (the route itself: tests/trainer/gateway/test_responses_route.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from relax_gym.omni.responses_api import ResponsesRequestError, chat_body, parse_request
+import numpy as np
+
+from relax_gym.omni import Message, from_openai
+from relax_gym.omni.parts import AudioPart, ImagePart, TextPart
+from relax_gym.omni.responses_api import (
+    ResponsesRequestError,
+    chat_body,
+    chat_messages,
+    parse_request,
+    to_responses_input,
+)
+from relax_gym.omni.source import MediaSource
 
 
 def test_roles_and_items_map_to_chat_messages():
@@ -32,3 +43,27 @@ def test_function_tools_and_choices_take_the_chat_shape():
     assert body["tool_choice"] == {"type": "function", "function": {"name": "f"}} and body["max_completion_tokens"] == 9
     with pytest.raises(ResponsesRequestError, match="tool_choice: an object must be"):
         chat_body(parse_request({"model": "m", "input": "x", "tool_choice": {"type": "web_search"}}), [])
+
+
+def test_text_image_and_audio_survive_the_round_trip():
+    pixels = np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)
+    wave = np.sin(np.linspace(0, 200, 16000)).astype(np.float32) * 0.5
+    image = ImagePart(MediaSource.of(pixels))
+    audio = AudioPart(MediaSource.of(wave, rate=16000))
+    messages = [Message("system", (TextPart("Be brief."),)), Message("user", (TextPart("What is this?"), image, audio)),
+                Message("assistant", (TextPart("A tone."),))]
+    items = to_responses_input(messages)
+    assert [[p["type"] for p in i["content"]] for i in items] == [["input_text"], ["input_text", "input_image",
+                                                                   "input_audio"], ["output_text"]]
+    back = from_openai(chat_messages(items))
+    assert [m.role for m in back] == ["system", "user", "assistant"] and back[2].text == "A tone."
+    assert np.array_equal(back[1].content[1].decode(), image.decode())
+    assert np.abs(back[1].content[2].decode().waveform - audio.decode().waveform).max() < 1e-3  # 16-bit WAV
+
+
+def test_items_the_reader_cannot_use_are_named_by_item_and_part():
+    assert chat_messages([{"role": "developer", "content": "x"}]) == [{"role": "system", "content": "x"}]
+    with pytest.raises(ResponsesRequestError, match=r"input\[1\].content\[0\]: content part of type 'input_file'"):
+        chat_messages([{"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "input_file"}]}])
+    with pytest.raises(ResponsesRequestError, match=r"input\[0\]: not an object"):
+        chat_messages(["hello"])

@@ -14,7 +14,7 @@ Tasks are rows of a JSONL file in NeMo-Gym's layout: ``{"responses_create_params
 
 - reset picks a row (``pick``), opens a cookie session and seeds it with the row (as NeMo-Gym's agents do); the
   opening is the row's ``input`` (Responses API messages: ``input_text``, ``input_image`` data URLs and
-  ``input_audio`` become our parts, :mod:`relax_gym.envs.interop.responses_input`) with its tools written into the
+  ``input_audio`` become our parts, :mod:`relax_gym.omni.responses_api`) with its tools written into the
   system message (the policy calls them as ``<tool_call>`` blocks, as with our own tools);
 - a step whose action calls tools posts each call to its route: the results are tool messages (not terminal, reward
   0); a step without a tool call is the final answer: the rollout (each call as a ``function_call`` and its
@@ -40,10 +40,10 @@ import httpx
 
 from relax_gym.envs.core import Opening, Outcome
 from relax_gym.envs.interop.adapter import ForeignAgentEnv, TaskFileError, TaskPicker, fill_gold
-from relax_gym.envs.interop.responses_input import ResponsesInputError, chat_from_responses_input
 from relax_gym.envs.remote.wire import encode_value
 from relax_gym.omni import Message, TextPart, from_openai
 from relax_gym.omni.openai_tools import split_reply
+from relax_gym.omni.responses_api import ResponsesRequestError, chat_messages
 from relax_gym.omni.tool_calls import tools_instructions
 
 
@@ -95,8 +95,8 @@ class NemoGymEnv(ForeignAgentEnv):
         params = self._row["responses_create_params"]
         items = params["input"] if isinstance(params["input"], list) else [{"role": "user", "content": params["input"]}]
         try:
-            conversation = chat_from_responses_input(items)
-        except ResponsesInputError as exc:
+            conversation = chat_messages(items)
+        except ResponsesRequestError as exc:
             raise TaskFileError(f"{self.data_file}, line {index + 1}: responses_create_params.{exc}") from None
         tools = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
                  for t in params.get("tools") or [] if t.get("type") == "function"]

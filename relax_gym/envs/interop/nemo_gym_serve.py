@@ -14,7 +14,7 @@ to the resources server, send the rollout to ``/verify``) play our envs through 
 - ``GET /health``.
 
 Task rows (:func:`task_rows`, ``--rows FILE``): one per seed, ``responses_create_params.input`` the env's opening as
-Responses API messages with every medium decoded and inline (:mod:`relax_gym.envs.interop.responses_input`),
+Responses API messages with every medium decoded and inline (:func:`relax_gym.omni.responses_api.to_responses_input`),
 ``tools`` the env's tools as Responses API function tools, and ``relax_env``, ``relax_seed`` and ``relax_gold`` (the
 gold action of each turn of a gold play).
 
@@ -39,8 +39,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import relax_gym
-from relax_gym.envs.interop.responses_input import to_responses_input
 from relax_gym.omni import Message
+from relax_gym.omni.responses_api import to_responses_input
 from relax_gym.omni.tool_calls import format_tool_call
 
 COOKIE = "relax_gym_session"
