@@ -100,19 +100,40 @@ def nextqa_head_csv() -> Path:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray instance for the whole test session (start-up costs 5-15 s and ~1.2 GB).
+    """One local Ray instance for the tests that use it (start-up costs 5-15 s and ~1.2 GB), started by the first
+    of them and stopped when the worker moves on to tests that need none (:func:`pytest_runtest_teardown`; started
+    again by the next that does, :func:`pytest_runtest_setup`).
 
     Logical CPUs are declared generously so TransferQueue's actors and Serve deployments (which mostly wait)
     fit next to each other on a 2-core machine; auth is off for local tests only."""
+    ray = pytest.importorskip("ray")
+    _start_test_ray()
+    yield ray
+    _stop_test_ray()
+
+
+_RAY_USED = False  # set once a test of this process used ray_session
+
+
+def _start_test_ray() -> None:
+    global _RAY_USED
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("TQ_NUM_THREADS", "2")
-    ray = pytest.importorskip("ray")
+    import ray
+
+    _RAY_USED = True
     if not ray.is_initialized():
         from relax_gym.trainer.cluster.local_ray import start_local_ray
 
         start_local_ray(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False,
                         namespace="relax-gym-tests")
-    yield ray
+
+
+def _stop_test_ray() -> None:
+    import ray
+
+    if not ray.is_initialized():
+        return
     try:
         from ray import serve
 
@@ -120,6 +141,50 @@ def ray_session():
     except Exception:  # noqa: BLE001 - Serve may never have started
         pass
     ray.shutdown()
+
+
+def _needs_ray(item) -> bool:
+    """The test uses the session's Ray instance: it asks for ``ray_session``, or its file does (some fixtures ask for
+    it only when a parameter needs it, through ``request.getfixturevalue``)."""
+    return "ray_session" in item.fixturenames or "ray_session" in _source(item.path)
+
+
+def _ray_stays_for(item, nextitem) -> bool:
+    """Whether the Ray instance stays up after ``item``: the next test may use it, or it is in the "ray" group (its
+    files run back to back on this worker: a restart between them would cost more than the instance idling)."""
+    if nextitem is None:
+        return False
+    if _needs_ray(nextitem):
+        return True
+    from tests.xdist_groups import serial_group
+
+    # the file as the suite names it (relative to the root: where the repository is cloned must not matter)
+    return serial_group(Path(nextitem.nodeid.split("::")[0]), _source(nextitem.path)) == "ray"
+
+
+_SOURCES: dict[Path, str] = {}
+
+
+def _source(path: Path) -> str:
+    if path not in _SOURCES:
+        _SOURCES[path] = path.read_text(encoding="utf-8") if path.suffix == ".py" else ""
+    return _SOURCES[path]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if _RAY_USED and _needs_ray(item):
+        _start_test_ray()  # stopped after an earlier test; the session fixture's value (the ray module) stays valid
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """An idle local Ray instance with Serve costs ~6.6 s of CPU a minute (its controller, GCS, raylet, agents:
+    measured alone, docs/benchmarks.md), so it is stopped once the tests that use it are done, after the module
+    fixtures that may hold its actors are torn down."""
+    yield
+    if _RAY_USED and not _ray_stays_for(item, nextitem):
+        _stop_test_ray()
 
 
 @pytest.fixture(scope="session")

@@ -132,3 +132,10 @@ def build_openenv_image(python: Path) -> str:
         shutil.rmtree(context / "generated")
         client.images.build(path=str(context), tag=tag, rm=True, forcerm=True)
     return tag
+
+
+if __name__ == "__main__":  # set-up, as .ci/run does it: `python -m tests.envs.interop.openenv_image_build`
+    from relax_gym.envs.interop.frameworks import FRAMEWORKS
+    from relax_gym.envs.interop.venvs import ensure_venv
+
+    print(build_openenv_image(ensure_venv(FRAMEWORKS["openenv"])))

@@ -34,9 +34,9 @@ from ...waiting import loop_clock, run_on_virtual_clock
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tq_owner(ray_session):
-    """TransferQueue + the ledger, started once for the session; each test gets its own bus scope on it."""
+    """TransferQueue + the ledger, started once for this file; each test gets its own bus scope on it."""
     owner = TransferQueueBus.start(scope="tests-owner")
     yield owner
     asyncio.run(owner.close())
