@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from relax_gym.envs.agent_program import PYTHON, AgentProgramEnv, ProgramRun, ProgramTask
 from relax_gym.envs.agent_run import AgentEndpoint
-from relax_gym.envs.interop.venvs import client_venv
 from relax_gym.envs.episode_sandbox import shared_pool
 from relax_gym.envs.openai_agent import OpenAIAgentEnv
 from relax_gym.sandbox import sync
 from relax_gym.sandbox.backends import get_backend
+from tests.envs.agent_clients import INSTRUCTIONS, NOTEBOOK, NotebookAgentEnv
 from tests.envs.scripted_model import ScriptedModel, gold_replies
-from tests.trainer.gateway.test_messages_route import ANTHROPIC
 
 pytestmark = pytest.mark.integration
 
@@ -54,37 +52,18 @@ def test_a_sandboxed_agent_cannot_reach_a_missing_endpoint(backend):
     assert outcome.status == "ok" and outcome.reward == 0.0 and outcome.info["agent_rc"] != 0
 
 
-# An agent on Anthropic's own client: its packages come from the client's venv (its pins are not ours), copied into
-# the sandbox; it reaches the endpoint through the socket like any agent
-ANTHROPIC_AGENT = """
-import os
-import anthropic
-client = anthropic.Anthropic(base_url=os.environ["OPENAI_BASE_URL"].removesuffix("/v1"),
-                             api_key=os.environ["OPENAI_API_KEY"], max_retries=0)
-reply = client.messages.create(model="policy", max_tokens=32, messages=[{"role": "user", "content": open("task.txt").read()}])
-open("answer.txt", "w").write(reply.content[0].text)
-"""
-
-
-class AnthropicAgent(AgentProgramEnv):
-    def __init__(self, **kwargs):
-        venv = client_venv("anthropic", ANTHROPIC).parent.parent
-        super().__init__(python_packages=("anthropic",), python_venv=str(venv), **kwargs)
-
-    def _make_task(self, options):
-        self.word = ["amber", "basil", "cedar"][int(self.np_random.integers(3))]
-        return ProgramTask(prompt="say the word", argv=[PYTHON, "agent.py"], outputs=("answer.txt",),
-                           files={"agent.py": ANTHROPIC_AGENT, "task.txt": f"Say {self.word}."}, gold_replies=[self.word])
-
-    def _score(self, run: ProgramRun):
-        return float(run.outputs.get("answer.txt", "").strip() == self.word), {}
-
-
-def test_an_agent_on_anthropics_client_from_its_own_venv_plays_in_the_sandbox(backend):
-    env = AnthropicAgent(backend=backend)
+# An agent on the OpenAI Agents SDK (its default Responses model, a function tool): its packages come from a venv of
+# their own (its openai pin is not ours), copied into the sandbox; it reaches the endpoint through the socket like
+# any agent. The same program and the other clients train in tests/integration/test_openai_agent_training.py.
+def test_an_agents_sdk_program_from_its_own_venv_plays_turn_by_turn_in_the_sandbox(backend):
+    env = NotebookAgentEnv("agents-sdk", backend=backend)
     try:
         obs, info = env.reset(seed=3)
-        assert [(m.role, m.text) for m in obs] == [("user", f"Say {env.word}.")]  # its call, through /v1/messages
+        assert [m.role for m in obs] == ["system", "user"] and obs[0].text.startswith(INSTRUCTIONS)
+        assert '"name": "lookup"' in obs[0].text  # the SDK's tool schema, rendered as the trainer's endpoint renders it
+        name = obs[1].text.removeprefix("What number is next to ").removesuffix("?")
+        obs, reward, terminated, _, info = env.step(info["gold"])  # the tool call: the SDK runs it and calls again
+        assert not terminated and [(m.role, m.text) for m in obs] == [("tool", f"<tool_response>\n{NOTEBOOK[name]}\n</tool_response>")]
         _, reward, terminated, _, info = env.step(info["gold"])
     finally:
         env.close()

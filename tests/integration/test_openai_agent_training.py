@@ -1,5 +1,7 @@
 """recipes/cpu-openai-agent.yaml end to end: a black-box agent on the official openai client, inside a docker or
-bubblewrap sandbox with no network, trained for 2 steps in colocate mode and 1 in async mode.
+bubblewrap sandbox with no network, trained for 1 step in colocate mode on each and 1 in async mode (Docker); and
+agents on four other clients (the Agents SDK, Anthropic's, LangChain's, the openai client's Responses API) trained
+3 steps in docker sandboxes.
 
 Checked: the runs reach their last step with no masked episode; the warm-up played the gold replies through the
 real program; every sandbox showed only ``lo``; and (colocate, in process) every sequence the actor trained on is
@@ -64,39 +66,75 @@ def _train(run_dir: Path, *overrides: str, steps: int = STEPS) -> list[dict]:
     return trained
 
 
+class Recorder:
+    """What a colocate run (in this process) recorded and trained: the gateway's final call of each episode (prompt +
+    completion ids), the sequences handed to the actor's RL step, each episode's sandbox interfaces and client (the
+    env's ``task_client``, where it has one)."""
+
+    def __init__(self, monkeypatch) -> None:
+        from relax_gym.envs.agent_program import AgentProgramEnv
+        from relax_gym.trainer.actors.hf import HFActor
+        from relax_gym.trainer.gateway.openai_gateway import OpenAIGateway
+
+        self.recorded: list[list[int]] = []
+        self.trained: list[list[int]] = []
+        self.interfaces: list[list[str]] = []
+        self.clients: list[str | None] = []
+        close_session, rl_step, outcome = OpenAIGateway.close_session, HFActor.rl_step, AgentProgramEnv._outcome
+
+        def keep_calls(gateway, session):
+            calls, failures = close_session(gateway, session)
+            assert not failures, failures
+            if calls:
+                self.recorded.append(list(calls[-1].prompt_ids) + list(calls[-1].completion_ids))
+            return calls, failures
+
+        def keep_items(actor, items, *args, **kwargs):
+            self.trained.extend(list(t.input_ids) for t in items)
+            return rl_step(actor, items, *args, **kwargs)
+
+        def keep_outcome(env, run):
+            self.interfaces.append(run.interfaces)
+            self.clients.append(getattr(env, "task_client", None))
+            return outcome(env, run)
+
+        monkeypatch.setattr(OpenAIGateway, "close_session", keep_calls)
+        monkeypatch.setattr(HFActor, "rl_step", keep_items)
+        monkeypatch.setattr(AgentProgramEnv, "_outcome", keep_outcome)
+
+    def assert_trained_on_recorded_ids_in_lo_only_sandboxes(self) -> None:
+        assert self.trained and all(ids in self.recorded for ids in self.trained), \
+            "a trained sequence differs from every recorded one"
+        assert self.interfaces and all(tuple(i) == ("lo",) for i in self.interfaces), self.interfaces
+
+
 @pytest.mark.parametrize("backend", ["docker", "bwrap"])
 def test_colocate_trains_on_exactly_the_recorded_tokens(tmp_path, monkeypatch, backend):
     _need(backend)
-    from relax_gym.envs.agent_program import AgentProgramEnv
-    from relax_gym.trainer.actors.hf import HFActor
-    from relax_gym.trainer.gateway.openai_gateway import OpenAIGateway
+    recorder = Recorder(monkeypatch)
+    _train(tmp_path / "run", f"env.kwargs.backend={backend}", steps=1)
+    recorder.assert_trained_on_recorded_ids_in_lo_only_sandboxes()
 
-    recorded: list[list[int]] = []
-    trained: list[list[int]] = []
-    interfaces: list[list[str]] = []
-    close_session, rl_step, outcome = OpenAIGateway.close_session, HFActor.rl_step, AgentProgramEnv._outcome
 
-    def keep_calls(self, session):
-        calls, failures = close_session(self, session)
-        assert not failures, failures
-        if calls:
-            recorded.append(list(calls[-1].prompt_ids) + list(calls[-1].completion_ids))
-        return calls, failures
+def test_agents_on_four_sdks_train_three_steps_on_their_recorded_tokens(tmp_path, monkeypatch):
+    """The notebook task (tests/envs/agent_clients.py) on the official openai client (Responses API), Anthropic's
+    client (Messages), the OpenAI Agents SDK (its default Responses model, a function tool) and LangChain's
+    ChatOpenAI (Chat Completions), from their own venv, in docker sandboxes whose only interface is lo; the
+    episode's seed picks the client, so one run drives all four: 3 colocate steps (and the warm-up's gold replies
+    through every program), each trained sequence equal to the ids the gateway recorded for its episode."""
+    _need("docker")
+    import relax_gym
+    from tests.envs.agent_clients import CLIENTS, NotebookAgentEnv
 
-    def keep_items(self, items, *args, **kwargs):
-        trained.extend(list(t.input_ids) for t in items)
-        return rl_step(self, items, *args, **kwargs)
+    from ..registry_state import restored_registry
 
-    def keep_interfaces(self, run):
-        interfaces.append(run.interfaces)
-        return outcome(self, run)
-
-    monkeypatch.setattr(OpenAIGateway, "close_session", keep_calls)
-    monkeypatch.setattr(HFActor, "rl_step", keep_items)
-    monkeypatch.setattr(AgentProgramEnv, "_outcome", keep_interfaces)
-    _train(tmp_path / "run", f"env.kwargs.backend={backend}")
-    assert trained and all(ids in recorded for ids in trained), "a trained sequence differs from every recorded one"
-    assert interfaces and all(tuple(i) == ("lo",) for i in interfaces), interfaces
+    recorder = Recorder(monkeypatch)
+    with restored_registry():
+        relax_gym.register("test-notebook-clients", NotebookAgentEnv, override=True)
+        _train(tmp_path / "run", "env.id=test-notebook-clients", "env.kwargs.backend=docker", "trainer.sft_batch_size=4",
+               steps=3)
+    recorder.assert_trained_on_recorded_ids_in_lo_only_sandboxes()
+    assert set(recorder.clients) == set(CLIENTS), recorder.clients
 
 
 def test_async_mode_trains_the_agent_in_docker_and_leaves_no_container(ray_session, tmp_path):

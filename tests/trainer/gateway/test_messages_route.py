@@ -10,8 +10,9 @@ import subprocess
 
 import httpx
 
-from relax_gym.envs.interop.venvs import client_venv
 from relax_gym.trainer.gateway.api import with_api_key_as_bearer
+
+from tests.envs.agent_clients import sdk_venv
 
 from .test_openai_tools import scripted  # noqa: F401 - the fixture
 
@@ -20,7 +21,6 @@ ADD = {"name": "add", "description": "Add two numbers.",
        "input_schema": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}
 
 
-ANTHROPIC = ("anthropic==2.17.0",)
 CLIENT = r'''
 import json, sys
 import anthropic
@@ -43,7 +43,7 @@ print(json.dumps({"first": first.model_dump(), "second": second.model_dump(), "r
 
 
 def test_anthropics_own_client_runs_a_tool_use_and_its_result(scripted):
-    python = client_venv("anthropic", ANTHROPIC)
+    python = sdk_venv() / "bin" / "python"  # Anthropic's client, from the venv of tests/envs/agent_clients.py
     key = scripted.api.keys.issue("ep-0")
     scripted.engine.replies = [CALL, "It is 3."]
     run = subprocess.run([str(python), "-c", CLIENT, scripted.server.url, key, json.dumps(ADD)], capture_output=True,
