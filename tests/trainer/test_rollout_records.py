@@ -202,6 +202,27 @@ def test_program_episodes_show_media_and_replies():
     assert program_conversation([]) == []
 
 
+def test_an_agent_programs_record_says_how_it_ended_and_what_it_wrote_to_stderr(tmp_path):
+    """The program's exit, calls, first refused request and stderr tail (trajectory_from_calls keeps them in the
+    trajectory's info) are in its record, for `relax-gym view`; an episode of another kind has no agent object."""
+    from types import SimpleNamespace
+
+    from relax_gym.trainer.rollout.program_episode import STDERR_KEPT, trajectory_from_calls
+
+    said = "x" * 2000 + "\nTraceback (most recent call last):\nopenai.NotFoundError: 404 no route /v1/responses\n"
+    outcome = SimpleNamespace(reward=0.0, reward_breakdown={}, status="env_error", error="made no model call",
+                              info={"agent_rc": 1, "agent_timed_out": False, "agent_stderr_tail": said,
+                                    "agent_first_http_error": "404 for POST /v1/responses: no route"})
+    traj = trajectory_from_calls([], outcome, seed=3, group_id=1)
+    recorder = RolloutRecorder(tmp_path, per_step=4, media_mb=16)
+    assert recorder.write(2, "train", [traj, trajectory()], trained_version=2) == 2
+    agent, other = lines(tmp_path, 2)
+    assert agent["agent"] == {"exit_status": 1, "timed_out": False, "model_calls": 0, "segments": 0,
+                              "first_http_error": "404 for POST /v1/responses: no route",
+                              "stderr_tail": said[-STDERR_KEPT:]}
+    assert agent["agent"]["stderr_tail"].endswith("404 no route /v1/responses\n") and "agent" not in other
+
+
 def test_the_env_worker_writes_records_of_the_episodes_it_plays(tmp_path):
     """Async mode: each env-worker replica writes the records of its groups (under the step that trains them, with
     their place in the step) and of the eval chunks it is told the step of."""

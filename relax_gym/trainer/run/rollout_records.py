@@ -7,7 +7,9 @@ sampled, which is what the advantages compare). One line per episode (:func:`epi
 with roles, the assistant's ``<tool_call>`` blocks parsed (:mod:`relax_gym.omni.tool_calls`) and set apart from its
 text, the media as links into ``RUN_DIR/media/``, and the episode's reward, breakdown, status, error, policy
 versions, staleness, token counts, turns, seed and group, and its ``timing`` (seconds: the reset, each engine call,
-each env step, the whole episode; ``relax-gym plan calibrate`` fits per-turn costs from them).
+each env step, the whole episode; ``relax-gym plan calibrate`` fits per-turn costs from them); an agent program's
+episode adds an ``agent`` object (:func:`agent_record`: exit status, time-out, calls, the first refused request,
+the tail of its stderr).
 
 Media are stored once (:class:`MediaStore`), keyed by the source's content hash and the sampling spec (the same
 clip watched over two spans is two files; the same picture shown to every member of a group is one): video as the
@@ -38,7 +40,7 @@ import numpy as np
 from relax_gym.omni.parts import Message, TextPart
 from relax_gym.omni.tool_calls import BadToolCall, find_tool_calls
 
-__all__ = ["RECORD_SCHEMA", "MediaStore", "RolloutRecorder", "episode_record", "message_record", "rewind_rollouts",
+__all__ = ["RECORD_SCHEMA", "MediaStore", "RolloutRecorder", "agent_record", "episode_record", "message_record", "rewind_rollouts",
            "step_file"]
 
 log = logging.getLogger(__name__)
@@ -299,8 +301,21 @@ def episode_record(traj: Any, conversation: Iterable[Message] | None = None, *, 
         "tool_calls": len(calls), "tool_errors": sum(1 for c in calls if "error" in c),
         "tools": sorted({c["name"] for c in calls if "name" in c}),
         **({"timing": timing.as_dict()} if (timing := getattr(traj, "timing", None)) is not None else {}),
+        **({"agent": agent} if (agent := agent_record(getattr(traj, "info", None) or {})) else {}),
         "messages": messages,
     }
+
+
+AGENT_FIELDS = {"agent_rc": "exit_status", "agent_timed_out": "timed_out", "agent_calls": "model_calls",
+                "agent_segments": "segments", "agent_first_http_error": "first_http_error",
+                "agent_stderr_tail": "stderr_tail"}
+
+
+def agent_record(info: dict[str, Any]) -> dict[str, Any]:
+    """What an agent program's episode adds to its record (empty for other episodes): its exit status, whether it
+    timed out, its model calls and segments, the first request the endpoint refused, and the tail of its stderr
+    (what the program said; :data:`~relax_gym.trainer.rollout.program_episode.STDERR_KEPT` characters at most)."""
+    return {name: info[key] for key, name in AGENT_FIELDS.items() if info.get(key) is not None}
 
 
 class RolloutRecorder:

@@ -202,7 +202,20 @@ function rolloutNode(r) {
       el("span", { class: "fact" }, `${r.turns} turn(s) · ${r.prompt_tokens} prompt + ${r.completion_tokens} completion tokens`),
       el("span", { class: "fact" }, r.tools?.length ? `tools: ${r.tools.join(", ")} (${r.tool_calls} call(s))` : "no tool called")),
     r.error ? el("div", { class: "error" }, r.error) : null,
+    r.agent ? agentNode(r.agent) : null,
     r.messages.map(messageNode));
+}
+
+// an agent program's episode: its exit, calls, the first refused request and what it wrote to stderr
+function agentNode(a) {
+  const exit = a.timed_out ? "timed out" : (a.exit_status !== undefined ? `exit status ${a.exit_status}` : null);
+  return el("div", { class: "agent" },
+    el("span", { class: "label" }, "agent program"),
+    exit ? el("span", { class: "fact" }, exit) : null,
+    a.model_calls !== undefined ? el("span", { class: "fact" }, `${a.model_calls} model call(s)`) : null,
+    a.segments > 1 ? el("span", { class: "fact" }, `${a.segments} segments (history rewritten)`) : null,
+    a.first_http_error ? el("div", { class: "error" }, `first refused request: ${a.first_http_error}`) : null,
+    a.stderr_tail ? el("details", {}, el("summary", {}, "stderr (tail)"), el("pre", { class: "stderr" }, a.stderr_tail)) : null);
 }
 
 function filterQuery() {
