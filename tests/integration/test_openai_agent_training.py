@@ -131,8 +131,9 @@ def test_agents_on_four_sdks_train_three_steps_on_their_recorded_tokens(tmp_path
     recorder = Recorder(monkeypatch)
     with restored_registry():
         relax_gym.register("test-notebook-clients", NotebookAgentEnv, override=True)
+        # one eval episode at the start and the end (each episode is a program in a container: ~2.5 s of CPU)
         _train(tmp_path / "run", "env.id=test-notebook-clients", "env.kwargs.backend=docker", "trainer.sft_batch_size=4",
-               steps=3)
+               "trainer.eval_every=1000", "trainer.eval_episodes=1", steps=3)
     recorder.assert_trained_on_recorded_ids_in_lo_only_sandboxes()
     assert set(recorder.clients) == set(CLIENTS), recorder.clients
 

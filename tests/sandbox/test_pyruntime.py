@@ -84,10 +84,9 @@ def test_an_import_name_finds_the_distribution_that_provides_it():
 
 def test_packages_come_from_another_venv_when_its_python_is_named(cache_dir):
     """An agent SDK whose pins are not ours lives in a venv of its own; its packages are copied from there."""
-    from relax_gym.envs.interop.venvs import client_venv
-    from tests.trainer.gateway.test_messages_route import ANTHROPIC
+    from tests.envs.agent_clients import sdk_venv
 
-    python = client_venv("anthropic", ANTHROPIC)
+    python = sdk_venv() / "bin" / "python"  # Anthropic's client among the agent SDKs of tests/envs/agent_clients.py
     with pytest.raises(ValueError, match="'anthropic' is neither a distribution nor a module installed in"):
         python_packages_dir(["anthropic"], cache_dir)  # not in ours
     site = python_packages_dir(["anthropic"], cache_dir, python=python)
