@@ -1,10 +1,11 @@
-"""Agent programs written as their users write them, on four clients, each solving the same task with one tool.
+"""Agent programs written as their users write them, on five clients, each solving the same task with one tool.
 
 The task: "What number is next to NAME in the notebook?"; the program implements a ``lookup`` tool (the notebook is
 its own), calls the model, runs the tool call it gets back, and writes the model's final answer to ``answer.txt``.
-The clients, all from one venv the code makes (their ``openai`` pins are not ours: the Agents SDK needs
+The clients (``openai`` 3.60 for the first two), all from one venv the code makes (their ``openai`` pins are not ours: the Agents SDK needs
 ``openai>=3``), with their packages copied into the sandbox from there:
 
+- ``openai-chat``: the official ``openai`` client on Chat Completions, ``tools`` and ``tool`` messages;
 - ``openai-responses``: the official ``openai`` client on the Responses API, continuing with ``previous_response_id``;
 - ``anthropic``: Anthropic's client on Messages, ``tool_use`` / ``tool_result`` blocks;
 - ``agents-sdk``: the OpenAI Agents SDK, its default (Responses) model class, a ``@function_tool``, ``Runner``;
@@ -40,6 +41,21 @@ def lookup(name):
 """
 
 PROGRAMS = {
+    "openai-chat": COMMON + f"""
+from openai import OpenAI
+client = OpenAI(max_retries=0)
+tools = [{{"type": "function", "function": {{"name": "lookup", "description": {DOC!r}, "parameters": SCHEMA}}}}]
+messages = [{{"role": "system", "content": INSTRUCTIONS}}, {{"role": "user", "content": TASK}}]
+for _ in range(4):
+    reply = client.chat.completions.create(model=os.environ["OPENAI_MODEL"], messages=messages, tools=tools,
+                                           max_tokens=64).choices[0].message
+    messages.append(reply.model_dump(exclude_none=True))
+    if not reply.tool_calls:
+        break
+    messages += [{{"role": "tool", "tool_call_id": c.id, "content": lookup(**json.loads(c.function.arguments))}}
+                 for c in reply.tool_calls]
+open("answer.txt", "w").write(reply.content or "")
+""",
     "openai-responses": COMMON + f"""
 from openai import OpenAI
 client = OpenAI(max_retries=0)
@@ -118,27 +134,27 @@ def sdk_venv() -> Path:
 
 class NotebookAgentEnv(AgentProgramEnv):
     """The notebook task played by ``client``'s program, or, with ``client=None``, by the client the episode's seed
-    picks: ``CLIENTS[(seed + seed // 1000) % 4]`` (the trainer's seeds are ``1000 * step + prompt``, so the clients
-    rotate with the prompt and the step: one short training run drives all four)."""
+    picks: ``CLIENTS[(seed + 2 * (seed // 1000)) % 5]`` (the trainer's seeds are ``1000 * step + prompt``, so the
+    clients rotate with the prompt and two places a step: 3 steps of 2 prompts train all five)."""
 
     def __init__(self, client: str | None = None, **kwargs: Any) -> None:
         if client is not None and client not in PROGRAMS:
             raise ValueError(f"client {client!r}: one of {', '.join(CLIENTS)}")
         self.client = client
-        self._seed: int | None = None
+        self.episode_seed: int | None = None
         super().__init__(python_packages=PACKAGES, python_venv=str(sdk_venv()), **kwargs)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        self._seed = seed
+        self.episode_seed = seed
         return super().reset(seed=seed, options=options)
 
     def run_program(self, *, seed: int | None, endpoint, options: dict[str, Any] | None = None):
-        self._seed = seed
+        self.episode_seed = seed
         return super().run_program(seed=seed, endpoint=endpoint, options=options)
 
     def _make_task(self, options: dict[str, Any]) -> ProgramTask:
-        seed = self._seed or 0
-        client = self.client or CLIENTS[(seed + seed // 1000) % len(CLIENTS)]
+        seed = self.episode_seed or 0
+        client = self.client or CLIENTS[(seed + 2 * (seed // 1000)) % len(CLIENTS)]
         name = sorted(NOTEBOOK)[int(self.np_random.integers(len(NOTEBOOK)))]
         self.answer = NOTEBOOK[name]
         self.task_client = client

@@ -1,7 +1,7 @@
 """recipes/cpu-openai-agent.yaml end to end: a black-box agent on the official openai client, inside a docker or
 bubblewrap sandbox with no network, trained for 1 step in colocate mode on each and 1 in async mode (Docker); and
-agents on four other clients (the Agents SDK, Anthropic's, LangChain's, the openai client's Responses API) trained
-3 steps in docker sandboxes.
+agents on five clients (the openai client on both APIs, the Agents SDK, Anthropic's, LangChain's) trained 3 steps
+in docker sandboxes.
 
 Checked: the runs reach their last step with no masked episode; the warm-up played the gold replies through the
 real program; every sandbox showed only ``lo``; and (colocate, in process) every sequence the actor trained on is
@@ -79,7 +79,7 @@ class Recorder:
         self.recorded: list[list[int]] = []
         self.trained: list[list[int]] = []
         self.interfaces: list[list[str]] = []
-        self.clients: list[str | None] = []
+        self.clients: list[tuple[str | None, int | None]] = []  # (client, seed) of each episode run
         close_session, rl_step, outcome = OpenAIGateway.close_session, HFActor.rl_step, AgentProgramEnv._outcome
 
         def keep_calls(gateway, session):
@@ -95,7 +95,7 @@ class Recorder:
 
         def keep_outcome(env, run):
             self.interfaces.append(run.interfaces)
-            self.clients.append(getattr(env, "task_client", None))
+            self.clients.append((getattr(env, "task_client", None), getattr(env, "episode_seed", None)))
             return outcome(env, run)
 
         monkeypatch.setattr(OpenAIGateway, "close_session", keep_calls)
@@ -116,14 +116,16 @@ def test_colocate_trains_on_exactly_the_recorded_tokens(tmp_path, monkeypatch, b
     recorder.assert_trained_on_recorded_ids_in_lo_only_sandboxes()
 
 
-def test_agents_on_four_sdks_train_three_steps_on_their_recorded_tokens(tmp_path, monkeypatch):
-    """The notebook task (tests/envs/agent_clients.py) on the official openai client (Responses API), Anthropic's
-    client (Messages), the OpenAI Agents SDK (its default Responses model, a function tool) and LangChain's
-    ChatOpenAI (Chat Completions), from their own venv, in docker sandboxes whose only interface is lo; the
-    episode's seed picks the client, so one run drives all four: 3 colocate steps (and the warm-up's gold replies
-    through every program), each trained sequence equal to the ids the gateway recorded for its episode."""
+def test_agents_on_five_clients_train_three_steps_on_their_recorded_tokens(tmp_path, monkeypatch):
+    """The notebook task (tests/envs/agent_clients.py) on the official openai client (Chat Completions and the
+    Responses API), Anthropic's client (Messages), the OpenAI Agents SDK (its default Responses model, a function
+    tool) and LangChain's ChatOpenAI (Chat Completions), from their own venv, in docker sandboxes whose only
+    interface is lo; the episode's seed picks the client, so one run trains all five: 3 colocate steps (after the
+    warm-up's gold replies through the programs), each trained sequence equal to the ids the gateway recorded for
+    its episode."""
     _need("docker")
     import relax_gym
+    from relax_gym.trainer.run.seeds import EVAL_SEED_BASE
     from tests.envs.agent_clients import CLIENTS, NotebookAgentEnv
 
     from ..registry_state import restored_registry
@@ -135,7 +137,8 @@ def test_agents_on_four_sdks_train_three_steps_on_their_recorded_tokens(tmp_path
         _train(tmp_path / "run", "env.id=test-notebook-clients", "env.kwargs.backend=docker", "trainer.sft_batch_size=4",
                "trainer.eval_every=1000", "trainer.eval_episodes=1", steps=3)
     recorder.assert_trained_on_recorded_ids_in_lo_only_sandboxes()
-    assert set(recorder.clients) == set(CLIENTS), recorder.clients
+    trained = {client for client, seed in recorder.clients if seed < EVAL_SEED_BASE}  # not the eval episodes
+    assert trained == set(CLIENTS), recorder.clients
 
 
 def test_async_mode_trains_the_agent_in_docker_and_leaves_no_container(ray_session, tmp_path):
