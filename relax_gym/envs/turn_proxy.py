@@ -40,7 +40,7 @@ from relax_gym.omni.messages_api import error_body as messages_error
 from relax_gym.omni.messages_api import parse_request as parse_messages
 from relax_gym.omni.responses_api import (
     ResponsesRequestError,
-    chat_body,
+    continued_chat_body,
     conversation_after,
     response_object,
 )
@@ -314,14 +314,8 @@ class _Handler(BaseHTTPRequestHandler):
         episode = self.owner.episode(key)
         try:
             req = parse_responses(body)
-            history: list[dict[str, Any]] = []
-            if req.previous_response_id is not None:
-                kept = episode.responses.get(req.previous_response_id) if episode is not None else None
-                if kept is None:
-                    raise ResponsesRequestError(f"previous_response_id: no response {req.previous_response_id[:60]!r} "
-                                                f"in this episode", "previous_response_id")
-                history = kept
-            chat = chat_body(req, history)
+            chat = continued_chat_body(req, episode.responses.get if episode is not None else lambda _: None,
+                                       "this episode")
         except ResponsesRequestError as exc:
             return 400, _error(str(exc), "invalid_request_error", exc.param)
         status, answer = self.owner.call(key, chat)

@@ -42,6 +42,7 @@ import io
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -219,6 +220,22 @@ def chat_body(req: ResponsesRequest, history: list[dict[str, Any]]) -> dict[str,
         if value is not None:
             body[key] = value
     return body
+
+
+def continued_chat_body(req: ResponsesRequest, history_of: Callable[[str], list[dict[str, Any]] | None],
+                        scope: str) -> dict[str, Any]:
+    """The chat-completions body ``req`` means, continued after the conversation of its ``previous_response_id``
+    when it names one. ``history_of(response_id)``: that conversation (:func:`conversation_after` of the earlier
+    call), or None when it is not known in ``scope`` (e.g. ``"this session"``): one error naming the field.
+    Raises :class:`ResponsesRequestError`."""
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        kept = history_of(req.previous_response_id)
+        if kept is None:
+            raise ResponsesRequestError(f"previous_response_id: no response {req.previous_response_id[:60]!r} in "
+                                        f"{scope}", "previous_response_id")
+        history = kept
+    return chat_body(req, history)
 
 
 def response_object(req: ResponsesRequest, chat: dict[str, Any]) -> dict[str, Any]:

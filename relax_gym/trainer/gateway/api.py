@@ -118,13 +118,11 @@ from relax_gym.omni.messages_api import error_body as messages_error
 from relax_gym.omni.messages_api import parse_request as parse_messages
 from relax_gym.omni.responses_api import (
     ResponsesRequestError,
-    chat_body,
+    continued_chat_body,
     conversation_after,
     response_object,
 )
-from relax_gym.omni.responses_api import (
-    parse_request as parse_responses,
-)
+from relax_gym.omni.responses_api import parse_request as parse_responses
 from relax_gym.trainer.gateway.stream import ChatStream
 
 __all__ = ["CallRecord", "Caller", "ChatCompletionRequest", "ChatStream", "EpisodeKeys", "OpenAIAPI", "OpenAIError",
@@ -617,16 +615,14 @@ class OpenAIAPI:
         try:
             req = parse_responses(body)
             session = self._session_for(req, headers, caller or ADMIN)
-            history: list[dict[str, Any]] = []
-            if req.previous_response_id is not None:
+
+            def history_of(response_id: str) -> list[dict[str, Any]] | None:  # a response of this session only
                 with self._raw_lock:
-                    kept = self._responses.get(req.previous_response_id)
-                if kept is None or kept[0] != session:
-                    raise ResponsesRequestError(f"previous_response_id: no response {req.previous_response_id[:60]!r} "
-                                                f"in this session (responses are kept in memory, the newest "
-                                                f"{_RESPONSES_KEPT})", "previous_response_id")
-                history = kept[1]
-            chat = chat_body(req, history)
+                    kept = self._responses.get(response_id)
+                return kept[1] if kept is not None and kept[0] == session else None
+
+            chat = continued_chat_body(req, history_of, f"this session (responses are kept in memory, the newest "
+                                                        f"{_RESPONSES_KEPT})")
         except ResponsesRequestError as exc:
             raise OpenAIError(400, str(exc), param=exc.param) from None
         answer, extra = self.chat_completions(chat, headers, caller=caller)

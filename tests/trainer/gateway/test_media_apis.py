@@ -19,15 +19,15 @@ import base64
 import io
 
 import av
-import httpx
 import numpy as np
-import pytest
 import soundfile
 from PIL import Image
 
 from relax_gym.omni import AudioPart, ImagePart, Message, TextPart, VideoPart
 from relax_gym.omni.render import render
 from relax_gym.trainer.gateway.api import SESSION_HEADER
+
+from .test_openai_api import http  # noqa: F401 - the fixture (an httpx client of the served engine)
 
 
 def png_bytes() -> bytes:
@@ -63,12 +63,6 @@ def mp4_bytes() -> bytes:
 PNG, WAV, MP4 = png_bytes(), wav_bytes(), mp4_bytes()
 B64 = {name: base64.b64encode(data).decode() for name, data in (("png", PNG), ("wav", WAV), ("mp4", MP4))}
 QUESTION = "What do you see and hear?"
-
-
-@pytest.fixture(scope="module")
-def http(served):
-    with httpx.Client(base_url=served.server.url, timeout=120) as client:
-        yield client
 
 
 def env_side(served, *parts) -> list[int]:
