@@ -117,7 +117,7 @@ run_check env 60 "$PY" - "$DEVICE" "$DRY_RUN" <<'PYEOF'
 import importlib.metadata as md, json, platform, sys
 device, dry = sys.argv[1], sys.argv[2] == "1"
 out = {"ok": True, "dry_run": dry, "device": device, "python": platform.python_version(), "executable": sys.executable}
-for dist in ("torch", "transformers", "triton", "megatron-core", "numpy", "sglang"):
+for dist in ("torch", "transformers", "triton", "megatron-core", "ray", "numpy", "sglang"):
     try:
         out[dist] = md.version(dist)
     except md.PackageNotFoundError:
@@ -153,9 +153,16 @@ if [ -n "$WHEELHOUSE" ]; then
     PYTHONPATH="$site" "$py" -m pip install --no-index --no-deps --no-build-isolation --disable-pip-version-check \
       --quiet --target "$site" "$repo" >&2
     cd "$site/.." && PYTHONPATH="$site" "$py" -c "
-import json, relax_gym, sys
+import importlib.metadata as md, json, relax_gym, sys
 where = relax_gym.__file__
-print(json.dumps({\"ok\": where.startswith(sys.argv[1]), \"relax_gym\": where, \"wheels\": int(sys.argv[2])}))" "$site" "$(ls "$wh"/*.whl | wc -l)"
+def version(dist):
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+# what the checks import (the site first, then the packages of the machine): the env step saw the machine alone
+used = {d: version(d) for d in (\"transformers\", \"megatron-core\", \"ray\", \"huggingface-hub\", \"torch\")}
+print(json.dumps({\"ok\": where.startswith(sys.argv[1]), \"relax_gym\": where, \"wheels\": int(sys.argv[2]), \"imports\": used}))" "$site" "$(ls "$wh"/*.whl | wc -l)"
   ' _ "$PY" "$WHEELHOUSE" "$SITE" "$REPO"
   export PYTHONPATH="$SITE"
 else
@@ -197,9 +204,12 @@ summary = {"check": "summary", "ok": ok, "wall_s": wall, "checks": {r["check"]: 
 with open(path, "a") as f:
     f.write(json.dumps(summary) + "\n")
 env = next((r for r in rows if r["check"] == "env"), {})
+used = next((r for r in rows if r["check"] == "install"), {}).get("imports") or {}
+carried = "".join(f", {d} {v} imported by the checks" for d, v in used.items()
+                  if d in ("transformers", "megatron-core", "ray") and v and v != env.get(d))
 lines = [f"Run: {'dry run (CPU)' if env.get('dry_run') else 'GPU'}; python {env.get('python')}, torch {env.get('torch')} "
-         f"(CUDA {env.get('cuda')}, NCCL {env.get('nccl')}), transformers {env.get('transformers')}, triton {env.get('triton')}; "
-         f"GPUs: {', '.join(env.get('gpus') or []) or 'none'}; wall {wall} s.", "",
+         f"(CUDA {env.get('cuda')}, NCCL {env.get('nccl')}), transformers {env.get('transformers')} on the machine{carried}, "
+         f"triton {env.get('triton')}; GPUs: {', '.join(env.get('gpus') or []) or 'none'}; wall {wall} s.", "",
          "| check | ok | result |", "|---|---|---|"]
 for r in rows:
     keep = {k: v for k, v in r.items() if k not in ("check", "ok", "log_tail", "traceback")}

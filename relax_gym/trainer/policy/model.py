@@ -47,6 +47,7 @@ from relax_gym.trainer.policy.checkpoint_files import (
 from relax_gym.trainer.policy.config import DTYPES, PolicyConfig
 from relax_gym.trainer.policy.moe import MoEThinker, moe_thinker_config
 from relax_gym.trainer.policy.processor import VIDEO_PREPROCESSOR_CONFIG, OmniProcessor, build_processor
+from relax_gym.trainer.policy.requirements import require_transformers
 from relax_gym.trainer.policy.tiny_sizes import audio_sizes, text_sizes, vision_sizes
 
 __all__ = ["CheckpointDirError", "PolicyConfig", "build_policy", "load_processor", "mrope_sections", "save_policy", "thinker_config"]
@@ -112,6 +113,7 @@ def _generation_config(processor: OmniProcessor) -> GenerationConfig:
 
 def build_policy(cfg: PolicyConfig | None = None, **overrides: Any) -> tuple[Qwen2_5OmniThinkerForConditionalGeneration, OmniProcessor]:
     """``(model, processor)``: a tiny random thinker (``cfg.path`` None) or the checkpoint at ``cfg.path``."""
+    require_transformers()
     cfg = (cfg or PolicyConfig()).model_copy(update=overrides) if overrides else (cfg or PolicyConfig())
     if cfg.base is not None:
         raise ValueError(f"model.base={cfg.base!r} is not built yet: the trainers turn it into a checkpoint path "
