@@ -34,6 +34,7 @@ from relax_gym.omni.openai_tools import (
     split_reply,
     tool_mode,
 )
+from relax_gym.omni.api_streams import ChatEvents, DoneCompletion, MessagesEvents, ResponsesEvents
 from relax_gym.omni.messages_api import MessagesRequestError, message_object
 from relax_gym.omni.messages_api import chat_body as messages_chat_body
 from relax_gym.omni.messages_api import error_body as messages_error
@@ -289,6 +290,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(*self._messages(key, body))
             return
         status, answer = self.owner.call(key, body)
+        if status == 200 and body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            self._send(status, ChatEvents(DoneCompletion(answer), include_usage=include_usage))
+            return
         self._send(status, answer)
 
     def _key(self) -> str:
@@ -307,6 +312,8 @@ class _Handler(BaseHTTPRequestHandler):
         status, answer = self.owner.call(key, chat)
         if status != 200:
             return status, messages_error(status, (answer.get("error") or {}).get("message", ""))
+        if req.stream:
+            return 200, MessagesEvents(DoneCompletion(answer), req)
         return 200, message_object(req, answer)
 
     def _responses(self, key: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -321,12 +328,28 @@ class _Handler(BaseHTTPRequestHandler):
         status, answer = self.owner.call(key, chat)
         if status != 200:
             return status, answer
+
+        def keep(response: dict[str, Any], completion: dict[str, Any]) -> None:
+            if episode is not None:
+                episode.responses[response["id"]] = conversation_after(req, chat, completion)
+
+        if req.stream:
+            return 200, ResponsesEvents(DoneCompletion(answer), req, on_done=keep)
         response = response_object(req, answer)
-        if episode is not None:
-            episode.responses[response["id"]] = conversation_after(req, chat, answer)
+        keep(response, answer)
         return 200, response
 
-    def _send(self, status: int, body: dict[str, Any]) -> None:
+    def _send(self, status: int, body: Any) -> None:
+        if getattr(body, "live", False):  # an API's events (stream: true): the reply exists whole, sent as events
+            self.send_response(status)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            for event in body:
+                self.wfile.write(event)
+            return
         if status >= 400:
             message = (body.get("error") or {}).get("message", "")
             self.owner.note_refusal(self._key(), status, self.command, self.path, message)

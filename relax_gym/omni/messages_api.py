@@ -18,8 +18,9 @@ Anthropic ``message`` (:func:`message_object`). What maps to what:
   (``input`` the parsed arguments); ``stop_reason`` ``tool_use``, ``max_tokens`` or ``end_turn``; ``usage`` in
   input / output tokens.
 
-Errors use Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}`` (:func:`error_body`). Not served:
-``stream: true`` (refused by name), ``document`` / ``search_result`` blocks, server tools (web search, code
+Errors use Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}`` (:func:`error_body`). ``stream:
+true`` is answered with Anthropic's events as the engine generates (the gateway's
+:mod:`~relax_gym.trainer.gateway.live_stream`). Not served: ``document`` / ``search_result`` blocks, server tools (web search, code
 execution, ...), ``thinking`` budgets; ``service_tier``, ``container``, ``mcp_servers`` are refused unless null.
 """
 
@@ -78,8 +79,6 @@ def parse_request(body: Any) -> MessagesRequest:
         req = MessagesRequest.model_validate(body)
     except ValidationError as exc:
         raise MessagesRequestError(field_error(exc, "Messages API")[0]) from None
-    if req.stream:
-        raise MessagesRequestError("stream: true is not served on /v1/messages yet; send stream: false")
     if req.thinking not in (None, {"type": "disabled"}):
         raise MessagesRequestError("thinking: extended thinking budgets are not served (the policy thinks in its text)")
     for name in ("service_tier", "container", "mcp_servers"):

@@ -29,7 +29,8 @@ when sampled, after them; audio as ``input_audio`` with base64 16-bit WAV (``{"d
 Completions part; the Responses API defines none for audio, so a model server must accept this one); a ``tool``
 message as a ``user`` one.
 
-Not served: ``stream: true`` (refused, naming the field), built-in tools (web search, file search, computer use,
+``stream: true`` is answered with the Responses API's events as the engine generates (the gateway's
+:mod:`~relax_gym.trainer.gateway.live_stream`). Not served: built-in tools (web search, file search, computer use,
 ...), ``input_file`` and ``file_id`` images, ``conversation`` objects, ``background``. Accepted and ignored:
 ``include``, ``store``, ``metadata``, ``parallel_tool_calls``, ``service_tier``, ``prompt_cache_key``,
 ``safety_identifier``, ``truncation`` (``disabled`` / ``auto``), ``reasoning`` and ``text`` at their defaults.
@@ -110,9 +111,6 @@ def parse_request(body: Any) -> ResponsesRequest:
         req = ResponsesRequest.model_validate(body)
     except ValidationError as exc:
         raise ResponsesRequestError(*field_error(exc, "Responses API")) from None
-    if req.stream:
-        raise ResponsesRequestError("stream: true is not served on /v1/responses yet; send stream: false (or use "
-                                    "/v1/chat/completions, which streams)", "stream")
     if req.background:
         raise ResponsesRequestError("background: true is not served (every response completes in its call)", "background")
     if req.conversation is not None:

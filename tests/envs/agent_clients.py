@@ -6,9 +6,11 @@ The clients (``openai`` 3.60 for the first two), all from one venv the code make
 ``openai>=3``), with their packages copied into the sandbox from there:
 
 - ``openai-chat``: the official ``openai`` client on Chat Completions, ``tools`` and ``tool`` messages;
-- ``openai-responses``: the official ``openai`` client on the Responses API, continuing with ``previous_response_id``;
-- ``anthropic``: Anthropic's client on Messages, ``tool_use`` / ``tool_result`` blocks;
-- ``agents-sdk``: the OpenAI Agents SDK, its default (Responses) model class, a ``@function_tool``, ``Runner``;
+- ``openai-responses``: the official ``openai`` client on the Responses API, continuing with ``previous_response_id``
+  (its first call streamed: ``responses.stream``);
+- ``anthropic``: Anthropic's client on Messages, ``tool_use`` / ``tool_result`` blocks, streamed (``messages.stream``);
+- ``agents-sdk``: the OpenAI Agents SDK, its default (Responses) model class, a ``@function_tool``,
+  ``Runner.run_streamed``;
 - ``langchain``: LangChain's ``ChatOpenAI`` (Chat Completions) with ``bind_tools`` and a ``@tool``.
 
 Each reads the endpoint the way its users would point it at a server: the OpenAI client and the Agents SDK from
@@ -60,8 +62,10 @@ open("answer.txt", "w").write(reply.content or "")
 from openai import OpenAI
 client = OpenAI(max_retries=0)
 tools = [{{"type": "function", "name": "lookup", "description": {DOC!r}, "parameters": SCHEMA}}]
-reply = client.responses.create(model=os.environ["OPENAI_MODEL"], instructions=INSTRUCTIONS, input=TASK, tools=tools,
-                                max_output_tokens=64)
+# the first call streamed (the SDK's helper puts the events together), the later ones plain
+with client.responses.stream(model=os.environ["OPENAI_MODEL"], instructions=INSTRUCTIONS, input=TASK, tools=tools,
+                             max_output_tokens=64) as stream:
+    reply = stream.get_final_response()
 for _ in range(3):
     calls = [item for item in reply.output if item.type == "function_call"]
     if not calls:
@@ -80,8 +84,9 @@ client = anthropic.Anthropic(base_url=os.environ["OPENAI_BASE_URL"].removesuffix
 tools = [{{"name": "lookup", "description": {DOC!r}, "input_schema": SCHEMA}}]
 messages = [{{"role": "user", "content": TASK}}]
 for _ in range(4):
-    reply = client.messages.create(model=os.environ["OPENAI_MODEL"], max_tokens=64, system=INSTRUCTIONS, tools=tools,
-                                   messages=messages)
+    with client.messages.stream(model=os.environ["OPENAI_MODEL"], max_tokens=64, system=INSTRUCTIONS, tools=tools,
+                                messages=messages) as stream:  # streamed: Anthropic's events put together
+        reply = stream.get_final_message()
     uses = [block for block in reply.content if block.type == "tool_use"]
     if not uses:
         break
@@ -99,8 +104,15 @@ def lookup(name: str) -> str:
     return NOTEBOOK.get(name, "no such name")
 
 agent = Agent(name="clerk", instructions=INSTRUCTIONS, tools=[lookup], model=os.environ["OPENAI_MODEL"])
-result = Runner.run_sync(agent, TASK, max_turns=4)
-open("answer.txt", "w").write(str(result.final_output))
+
+async def main():  # streamed: the Responses API's events, as Runner.run_streamed consumes them
+    result = Runner.run_streamed(agent, TASK, max_turns=4)
+    async for _ in result.stream_events():
+        pass
+    return result.final_output
+
+import asyncio
+open("answer.txt", "w").write(str(asyncio.run(main())))
 """,
     "langchain": COMMON + f"""
 from langchain_core.messages import HumanMessage, SystemMessage

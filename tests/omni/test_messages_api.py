@@ -53,7 +53,6 @@ def test_a_chat_answer_is_a_message_with_text_and_tool_use():
 
 @pytest.mark.parametrize("body, words", [
     ({"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens: Field required"),
-    ({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "stream": True}, "stream: true"),
     ({"model": "m", "max_tokens": 1, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role: 'system'"),
     ({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "document"}]}]},
      "messages[0].content[0]: content block of type 'document'"),

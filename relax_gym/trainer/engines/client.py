@@ -17,9 +17,10 @@ the JSON error body, or the text body).
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -227,16 +228,54 @@ class AsyncEngineClient:
     async def generate(self, input_ids: Sequence[int] | None = None, *, text: str | None = None,
                        image_data: Any = None, video_data: Any = None, audio_data: Any = None,
                        sampling_params: Mapping[str, Any] | None = None, return_logprob: bool = True,
-                       top_logprobs_num: int | None = None, rid: str | None = None, **extra: Any) -> GenerateOutput:
+                       top_logprobs_num: int | None = None, rid: str | None = None,
+                       on_token: Callable[[int], None] | None = None, **extra: Any) -> GenerateOutput:
         """One request: ``input_ids`` (media pad tokens expanded, as ``render`` writes them) or ``text``; media
-        items as in :mod:`~relax_gym.trainer.engines.protocol` (``**media_data(messages)`` builds them)."""
+        items as in :mod:`~relax_gym.trainer.engines.protocol` (``**media_data(messages)`` builds them).
+        ``on_token``: the request is streamed (``stream: true``, SGLang's events) and each new token id is handed
+        to it as it arrives (on this loop); the answer is the same as without it."""
+        if extra.pop("stream", False):
+            raise ValueError("stream=True: pass on_token= (a callable that takes each token id) to stream a request")
         payload = generate_body(input_ids, text=text, image_data=image_data, video_data=video_data,
                                 audio_data=audio_data, sampling_params=sampling_params, return_logprob=return_logprob,
                                 top_logprobs_num=top_logprobs_num, rid=rid, **extra)
+        if on_token is not None:
+            return GenerateOutput.from_json(await self._generate_streamed({**payload, "stream": True}, on_token))
         data = await self._json("POST", "/generate", payload)
         if isinstance(data, list):
             raise EngineError(f"/generate answered a list of {len(data)} for a single request")
         return GenerateOutput.from_json(data)
+
+    async def _generate_streamed(self, payload: Mapping[str, Any], on_token: Callable[[int], None]) -> dict[str, Any]:
+        """POST a streamed ``/generate``; hand each new id of the events' cumulative ``output_ids`` to ``on_token``;
+        the last event before ``[DONE]`` (the whole response). Not resent once it reached the server."""
+        seen, last = 0, None
+        try:
+            async with self._http.stream("POST", "/generate", json=dict(payload)) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    message, body = _error_message(response)
+                    raise EngineHTTPError(response.status_code, message, "/generate", body)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    event = json.loads(data)
+                    if isinstance(event, Mapping) and "error" in event:
+                        error = event["error"]
+                        raise EngineError(f"/generate failed while streaming: "
+                                          f"{error.get('message') if isinstance(error, Mapping) else error}")
+                    ids = event.get("output_ids") or []
+                    for token in ids[seen:]:
+                        on_token(int(token))
+                    seen, last = max(seen, len(ids)), event
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            raise EngineConnectionError(f"POST {self.base_url}/generate (streamed): {exc}") from exc
+        if last is None:
+            raise EngineError("/generate streamed no event before [DONE]")
+        return dict(last)
 
     async def generate_batch(self, input_ids: Sequence[Sequence[int]] | None = None, *, text: Sequence[str] | None = None,
                              image_data: Sequence[Any] | None = None, video_data: Sequence[Any] | None = None,

@@ -15,7 +15,7 @@ prompt), every request of it is re-sent alone, so only the culprit sees the erro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +59,17 @@ class CoalescingClient:
     async def generate(self, input_ids: Sequence[int], *, image_data: Any = None, video_data: Any = None,
                        audio_data: Any = None, sampling_params: Mapping[str, Any] | None = None,
                        return_logprob: bool = True, top_logprobs_num: int | None = None,
-                       return_routed_experts: bool = False) -> GenerateOutput:
+                       return_routed_experts: bool = False,
+                       on_token: Callable[[int], None] | None = None) -> GenerateOutput:
+        """One request, batched with its neighbours; ``on_token`` (a streamed request: each token id as it comes)
+        sends it alone, streamed."""
+        if on_token is not None:
+            media = {k: v for k, v in (("image_data", image_data), ("video_data", video_data), ("audio_data", audio_data)) if v}
+            self.stats["calls"] += 1
+            return await self._generate_one([int(i) for i in input_ids], **media, sampling_params=dict(sampling_params or {}),
+                                            return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
+                                            **({"return_routed_experts": True} if return_routed_experts else {}),
+                                            on_token=on_token)
         key = (bool(return_logprob), top_logprobs_num, bool(return_routed_experts))
         call = _Call([int(i) for i in input_ids], {"image_data": image_data, "video_data": video_data, "audio_data": audio_data},
                      dict(sampling_params or {}), asyncio.get_running_loop().create_future())

@@ -27,6 +27,7 @@ answer reports the weight version its request was admitted under (the oldest tha
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,8 @@ from relax_gym.trainer.engines.protocol import FinishReason
 from relax_gym.trainer.engines.shared_prefill import plan_sharing, prefill
 
 __all__ = ["ContinuousBatch"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -258,6 +261,8 @@ class ContinuousBatch:
             token = chosen[i]
             r.ids.append(token)
             r.last = token
+            if r.p.on_token is not None:
+                _tell(r.p, token)
             if r.p.req.return_logprob:
                 r.logprobs.append(chosen_logp[i])
                 if i in tops:
@@ -344,3 +349,13 @@ def _warpers(sp: Any) -> list[Any]:
     if sp.min_p and sp.min_p > 0:
         out.append(MinPLogitsWarper(float(sp.min_p)))
     return out
+
+
+def _tell(p: PendingRequest, token: int) -> None:
+    """Hand ``token`` to the request's listener; a listener that fails is dropped (the request goes on: its answer
+    still holds every token)."""
+    try:
+        p.on_token(token)  # type: ignore[misc]
+    except Exception:  # noqa: BLE001 - a streaming client's failure must not stop the batch
+        logger.exception("a token listener failed; the request %s goes on without it", p.req.rid)
+        p.on_token = None

@@ -76,7 +76,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -184,10 +184,13 @@ class EmbeddedEngine(WeightUpdates):
     # ------------------------------------------------------------------------------------------ public: generate
 
     def generate(self, request: GenerateReqInput | Mapping[str, Any] | EngineRequest | Sequence[EngineRequest], *,
-                 timeout: float | None = None) -> GenerateResponse | list[GenerateResponse]:
+                 timeout: float | None = None,
+                 on_token: Callable[[int], None] | None = None) -> GenerateResponse | list[GenerateResponse]:
         """Run requests (blocking, thread-safe). ``request``: a :class:`GenerateReqInput` or its JSON dict (single
         → one :class:`GenerateResponse`, batch → a list), an :class:`EngineRequest`, or a list of them (→ a list).
-        Raises :class:`EngineRequestError` for a refused request (nothing of the call runs)."""
+        Raises :class:`EngineRequestError` for a refused request (nothing of the call runs). ``on_token`` (one
+        request only): called with each token id as it is sampled, from the scheduler thread (it must not block);
+        with ``continuous=False`` the tokens come only with the answer."""
         single = False
         if isinstance(request, Mapping):
             try:
@@ -205,6 +208,10 @@ class EmbeddedEngine(WeightUpdates):
         else:
             reqs = list(request)
         pending = [self._prepare(r) for r in reqs]
+        if on_token is not None:
+            if len(pending) != 1:
+                raise EngineRequestError(f"on_token streams one request, not {len(pending)}")
+            pending[0].on_token = on_token
         self._submit(pending)
         deadline = None if timeout is None else time.monotonic() + timeout
         out = []
@@ -244,11 +251,13 @@ class EmbeddedEngine(WeightUpdates):
     def generate_rendered(self, input_ids: Sequence[int], mm: Mapping[str, torch.Tensor] | None = None, *,
                           sampling_params: SamplingParams | Mapping[str, Any] | None = None, return_logprob: bool = True,
                           top_logprobs_num: int = 0, return_text_in_logprobs: bool = False, rid: str | None = None,
-                          timeout: float | None = None, messages: Sequence[Any] | None = None) -> GenerateResponse:
+                          timeout: float | None = None, messages: Sequence[Any] | None = None,
+                          on_token: Callable[[int], None] | None = None) -> GenerateResponse:
         """One request whose media are already encoded: ``input_ids`` with each item's pad tokens expanded and
         ``mm`` the concatenated media tensors, as :meth:`render` returns them (so nothing is decoded twice).
         Same checks, batching and response as :meth:`generate`. ``messages`` (the conversation that was rendered,
-        which the OpenAI layer passes for engines that want it) is ignored: the ids say everything."""
+        which the OpenAI layer passes for engines that want it) is ignored: the ids say everything. ``on_token``
+        as for :meth:`generate`."""
         try:
             sp = sampling_params if isinstance(sampling_params, SamplingParams) else SamplingParams.model_validate(dict(sampling_params or {}))
         except ValueError as exc:
@@ -259,6 +268,7 @@ class EmbeddedEngine(WeightUpdates):
                             return_text_in_logprobs=return_text_in_logprobs)
         self._check_ids(req.where, ids)
         pending = self._pending(req, ids, dict(mm or {}))
+        pending.on_token = on_token
         self._submit([pending])
         return pending.future.result(timeout=timeout)
 
@@ -411,6 +421,10 @@ class EmbeddedEngine(WeightUpdates):
     def _encode_text(self, text: str) -> list[int]:
         with self._tokenizer_lock:
             return [int(t) for t in self.processor.encode_text(text)]
+
+    def decode(self, ids: Sequence[int], **kwargs: Any) -> str:
+        """``ids`` as text (the processor's ``decode``; thread-safe): what a stream of this engine's tokens says."""
+        return self._decode(ids, **kwargs)
 
     def _decode(self, ids: Sequence[int], **kwargs: Any) -> str:
         with self._tokenizer_lock:

@@ -5,7 +5,7 @@ criterion (max tokens, stop ids, stop strings, aborts)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +36,9 @@ class PendingRequest:
     stop_strs: list[str]
     submitted: float
     future: Future = field(default_factory=Future)
+    # called with each sampled token id as the running batch samples it (the scheduler thread; must not block):
+    # what streams a completion as it is generated. The answer in ``future`` holds every token either way.
+    on_token: Callable[[int], None] | None = None
 
     @property
     def sp(self) -> SamplingParams:

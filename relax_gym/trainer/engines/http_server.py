@@ -70,7 +70,7 @@ import ipaddress
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
@@ -94,6 +94,7 @@ from relax_gym.trainer.engines.admin_protocol import (
 from relax_gym.trainer.engines.bearer import bearer_of, token_matches
 from relax_gym.trainer.engines.client import engine_token
 from relax_gym.trainer.engines.protocol import GenerateReqInput
+from relax_gym.trainer.engines.token_stream import TextDeltas, TokenFeed, start_streamed
 from relax_gym.trainer.engines.validation import parse_request
 
 __all__ = ["EngineServer", "OpenAIServer", "serve", "serve_openai"]
@@ -120,6 +121,37 @@ class _Response:
         self.status, self.body, self.content_type = status, body, content_type
         self.headers = headers or {}
         self.stream = stream
+
+
+class GenerateEvents:
+    """``/generate``'s Server-Sent Events for one streamed request, as SGLang sends them by default: each event the
+    response so far (cumulative ``text`` and ``output_ids``, ``meta_info`` with ``completion_tokens`` and no
+    ``finish_reason`` yet), the whole response last, then ``data: [DONE]``. A failure after the start is an event
+    ``{"error": {...}}`` before ``[DONE]``."""
+
+    live = True
+
+    def __init__(self, feed: TokenFeed, engine: Any) -> None:
+        self.feed = feed
+        self.text = TextDeltas(lambda ids: engine.decode(ids, skip_special_tokens=True))
+
+    def __iter__(self) -> Iterator[bytes]:
+        ids: list[int] = []
+        try:
+            for token in self.feed:
+                ids.append(token)
+                self.text.push(token)
+                yield _event({"text": self.text.given, "output_ids": list(ids),
+                              "meta_info": {"completion_tokens": len(ids), "finish_reason": None}})
+            yield _event(self.feed.wait().to_json())
+        except Exception as exc:  # noqa: BLE001 - the headers are out: the failure goes as an event
+            logger.exception("a streamed generate failed")
+            yield _event({"error": {"message": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__}})
+        yield b"data: [DONE]\n\n"
+
+
+def _event(data: Any) -> bytes:
+    return b"data: " + json.dumps(data, allow_nan=False).encode() + b"\n\n"
 
 
 def _json(body: Any, status: int = 200) -> _Response:
@@ -274,11 +306,25 @@ class EngineServer(_HTTPService):
         from relax_gym.trainer.engines.embedded import EngineRequestError
 
         req = self._parse(GenerateReqInput, body)
+        if req.stream:
+            return self._generate_streamed(req)
         try:
             out = self.engine.generate(req)
         except EngineRequestError as exc:
             raise _HTTPError(400, str(exc)) from None
         return _json([o.to_json() for o in out] if isinstance(out, list) else out.to_json())
+
+    def _generate_streamed(self, req: Any) -> _Response:
+        """``stream: true``: Server-Sent Events in SGLang's format as the tokens are sampled. A refused request is
+        still a 400 (the stream starts with the first token or the end)."""
+        from relax_gym.trainer.engines.embedded import EngineRequestError
+
+        feed = start_streamed(lambda on_token: self.engine.generate(req, on_token=on_token), name="generate-stream")
+        try:
+            feed.first()
+        except EngineRequestError as exc:
+            raise _HTTPError(400, str(exc)) from None
+        return _Response(200, None, "text/event-stream", stream=GenerateEvents(feed, self.engine))
 
     def _health(self, body: Any) -> _Response:
         return _text("", 200 if self.engine.alive else 503)
@@ -448,16 +494,19 @@ class _Handler(BaseHTTPRequestHandler):
             if self.close_connection:  # tell the client, or it may reuse a socket we are about to close
                 self.send_header("Connection", "close")
             self.send_header("Content-Type", response.content_type)
-            if isinstance(payload, list):  # a stream: chunked, one event per chunk
+            streamed = not isinstance(payload, bytes)
+            if streamed:  # a stream: chunked, one event per chunk
                 self.send_header("Transfer-Encoding", "chunked")
             else:
                 self.send_header("Content-Length", str(len(payload)))
             for name, value in response.headers.items():
                 self.send_header(name, value)
             self.end_headers()
-            if isinstance(payload, list):
-                for event in payload:
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            if streamed:
+                for event in payload:  # a live stream's events are written as its generator yields them
+                    if event:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(event), bytes(event)))
+                        self.wfile.flush()
                 self.wfile.write(b"0\r\n\r\n")
             else:
                 self.wfile.write(payload)
@@ -516,10 +565,13 @@ def _error_body(path: str, status: int, message: str, kind: str) -> dict[str, An
     return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
 
 
-def _encode(response: _Response) -> bytes | list[bytes]:
+def _encode(response: _Response) -> bytes | Iterable[bytes]:
     """The body's bytes; a stream's events, all of them (encoded before anything is sent, so a failure is still an
-    error response)."""
+    error response), or, for a live stream (``stream.live``: events made as the engine generates), the stream
+    itself, sent event by event (it reports its own failures as events)."""
     if response.stream is not None:
+        if getattr(response.stream, "live", False):
+            return response.stream
         return [bytes(event) for event in response.stream if event]
     if response.content_type.startswith("application/json"):
         return json.dumps(response.body, allow_nan=False).encode()

@@ -187,8 +187,10 @@ _NEUTRAL_FIELDS: dict[str, Any] = {
 class GenerateReqInput(BaseModel):
     """SGLang's ``GenerateReqInput`` (the ``/generate`` body), single or batch. Exactly one of ``text`` /
     ``input_ids``. ``input_ids`` must already hold each media item's expanded pad tokens (as ``render`` writes
-    them); ``text`` may hold one placeholder per item, which the engine expands. ``stream=true`` is refused
-    ("not supported by the embedded engine"); ``logprob_start_len`` must be -1 / null (no prompt log-probs).
+    them); ``text`` may hold one placeholder per item, which the engine expands. ``stream=true`` (one request, not a
+    batch) answers Server-Sent Events as the tokens are sampled, in SGLang's format (cumulative ``text`` and
+    ``output_ids`` in each event, the whole response last, then ``[DONE]``); ``logprob_start_len`` must be -1 / null
+    (no prompt log-probs).
     Known SGLang fields without meaning here are accepted (ignored, or only at their neutral value); unknown
     fields are an error naming them."""
 
@@ -261,13 +263,6 @@ class GenerateReqInput(BaseModel):
     def _neutral(cls, value: Any, info: ValidationInfo) -> Any:
         return _check_neutral(info.field_name, value, _NEUTRAL_FIELDS[info.field_name])
 
-    @field_validator("stream")
-    @classmethod
-    def _no_stream(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("stream=True is not supported by the embedded engine (send stream=false and read the whole response)")
-        return v
-
     @model_validator(mode="after")
     def _check(self) -> GenerateReqInput:
         if (self.text is None) == (self.input_ids is None):
@@ -275,6 +270,8 @@ class GenerateReqInput(BaseModel):
         n = self.batch_size
         if n is not None and n == 0:
             raise ValueError("a batch request needs at least one prompt")
+        if self.stream and n is not None:
+            raise ValueError(f"stream=True takes one request, not a batch of {n} (send them one by one to stream each)")
         count = n or 1
         for name in ("return_logprob", "logprob_start_len", "top_logprobs_num", "rid", "return_routed_experts"):
             value = getattr(self, name)

@@ -59,6 +59,8 @@ class HandleEngineClient(CoalescingClient):
         return await self.generate_batch(input_ids, **kwargs)
 
     async def _generate_one(self, input_ids: list[int], **kwargs: Any) -> GenerateOutput:
+        # a Serve handle call answers once: a streamed request's tokens come with its answer (docs/agent-programs.md)
+        kwargs.pop("on_token", None)
         data = await self._call(generate_body(input_ids, **kwargs))
         if isinstance(data, list):
             raise EngineError(f"/generate answered a list of {len(data)} for a single request")

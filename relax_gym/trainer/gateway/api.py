@@ -34,8 +34,10 @@ The answer is OpenAI's ``chat.completion`` object (``id``, ``object``, ``created
 rendered prompt, media pad tokens expanded), ``choices[0].token_ids`` (the sampled ids; the vLLM spelling of both),
 and ``choices[0].token_logprobs`` (their log-probs under the sampling distribution before top-k / top-p
 truncation, as the engine's ``/generate`` reports them), and ``relax`` = ``{"session_id", "call_index",
-"weight_version", "continues"}``. With ``stream: true`` the same completion comes as Server-Sent Events
-(:mod:`~relax_gym.trainer.gateway.stream`: generated whole first, then chunked).
+"weight_version", "continues"}``. With ``stream: true`` the same completion comes as Server-Sent Events as the
+engine generates it, when its ``generate_rendered`` takes ``on_token`` (:mod:`~relax_gym.trainer.gateway.live_stream`,
+each API's events from :mod:`relax_gym.omni.api_streams`); from an engine without it, generated whole first, then
+chunked (:mod:`~relax_gym.trainer.gateway.stream`). The recorded call is the same either way.
 
 **Tools.** ``tools`` (function schemas) go into the system message as Hermes-style instructions, ``tool_choice``
 ``"auto"`` / ``"none"`` (tools not listed, calls not parsed) / ``"required"`` / ``{"type": "function",
@@ -86,11 +88,12 @@ shape: :mod:`relax_gym.omni.messages_api`). Errors are OpenAI's shape, ``{"error
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +102,7 @@ from urllib.parse import unquote
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from relax_gym.omni import Message, TextPart, from_openai, to_openai
+from relax_gym.omni.api_streams import ChatEvents, DoneCompletion, MessagesEvents, ResponsesEvents
 from relax_gym.omni.openai_tools import (
     FunctionTool,
     ToolMode,
@@ -123,6 +127,9 @@ from relax_gym.omni.responses_api import (
     response_object,
 )
 from relax_gym.omni.responses_api import parse_request as parse_responses
+from relax_gym.omni.tool_calls import TOOL_CALL_OPEN
+from relax_gym.trainer.engines.token_stream import TextDeltas, start_streamed
+from relax_gym.trainer.gateway.live_stream import LiveCompletion
 from relax_gym.trainer.gateway.stream import ChatStream
 
 __all__ = ["CallRecord", "Caller", "ChatCompletionRequest", "ChatStream", "EpisodeKeys", "OpenAIAPI", "OpenAIError",
@@ -357,6 +364,36 @@ class CallRecord:
         }
 
 
+@dataclass
+class _Call:
+    """One chat call between its rendering and its record."""
+
+    req: ChatCompletionRequest
+    mode: Any
+    session: str
+    messages: list[Message]
+    rendered: Any
+    prompt: list[int]
+    sampling: dict[str, Any]
+    top_n: int
+    request_id: str
+    created: float
+
+
+def _reply(response: Any, extra: dict[str, str]) -> Reply:
+    """A route's answer: JSON, or a stream of events (live or chunked from a finished answer)."""
+    if isinstance(response, (ChatStream, ChatEvents, MessagesEvents, ResponsesEvents)):
+        return Reply(200, None, response.content_type, {"Cache-Control": "no-cache", **extra}, response)
+    return Reply(200, response, headers=extra)
+
+
+def _source(answer: Any) -> Any:
+    """A streamed chat answer as the source of another API's events: live when the engine streams."""
+    if isinstance(answer, ChatEvents):
+        return answer.source
+    return DoneCompletion(answer.completion if isinstance(answer, ChatStream) else answer)
+
+
 @dataclass(frozen=True)
 class _Turn:
     """A session's last call, to continue it token-exactly: the conversation rendered (tool text included), its
@@ -477,6 +514,7 @@ class OpenAIAPI:
         self._raw: OrderedDict[str, tuple[tuple[Any, ...], str]] = OrderedDict()
         self._first_errors: dict[str, str] = {}  # session -> the first request of its key that was refused
         self._responses: OrderedDict[str, tuple[str, list[dict[str, Any]]]] = OrderedDict()  # id -> session, chat
+        self._streams: bool | None = None  # whether the engine streams its tokens (known at the first stream)
 
     # -------------------------------------------------------------------------------------------- routing
 
@@ -500,18 +538,13 @@ class OpenAIAPI:
             caller = self.authenticate(headers, token)
             if path == "/v1/chat/completions":
                 _allow(method, path, "POST")
-                response, extra = self.chat_completions(body, headers, caller=caller)
-                if isinstance(response, ChatStream):
-                    return Reply(200, None, ChatStream.content_type, {"Cache-Control": "no-cache", **extra}, response)
-                return Reply(200, response, headers=extra)
+                return _reply(*self.chat_completions(body, headers, caller=caller))
             if anthropic:
                 _allow(method, path, "POST")
-                response, extra = self.messages(body, headers, caller=caller)
-                return Reply(200, response, headers=extra)
+                return _reply(*self.messages(body, headers, caller=caller))
             if path == "/v1/responses":
                 _allow(method, path, "POST")
-                response, extra = self.responses(body, headers, caller=caller)
-                return Reply(200, response, headers=extra)
+                return _reply(*self.responses(body, headers, caller=caller))
             if path == "/v1/models":
                 _allow(method, path, "GET")
                 return Reply(200, self.models())
@@ -580,7 +613,7 @@ class OpenAIAPI:
             "max_model_len": getattr(self.engine, "max_positions", None)}]}
 
     def chat_completions(self, body: Any, headers: Mapping[str, str] | Any = None, *,
-                         caller: Caller | None = None) -> tuple[dict[str, Any] | ChatStream, dict[str, str]]:
+                         caller: Caller | None = None) -> tuple[dict[str, Any] | ChatStream | ChatEvents, dict[str, str]]:
         """``POST /v1/chat/completions``: the response body (a :class:`ChatStream` when ``stream`` is true) and
         its extra headers (the session id)."""
         req = _parse(body)
@@ -597,7 +630,7 @@ class OpenAIAPI:
             raise
 
     def messages(self, body: Any, headers: Mapping[str, str] | Any = None, *,
-                 caller: Caller | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+                 caller: Caller | None = None) -> tuple[dict[str, Any] | MessagesEvents, dict[str, str]]:
         """``POST /v1/messages`` (Anthropic's Messages API, :mod:`relax_gym.omni.messages_api`): run as the chat
         completion it means, recorded into the same session; the message object and its extra headers."""
         try:
@@ -605,11 +638,14 @@ class OpenAIAPI:
             chat = messages_chat_body(req)
         except MessagesRequestError as exc:
             raise OpenAIError(400, str(exc)) from None
+        if req.stream:
+            answer, extra = self.chat_completions({**chat, "stream": True}, headers, caller=caller)
+            return MessagesEvents(_source(answer), req), extra
         answer, extra = self.chat_completions(chat, headers, caller=caller)
         return message_object(req, answer), extra
 
     def responses(self, body: Any, headers: Mapping[str, str] | Any = None, *,
-                  caller: Caller | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+                  caller: Caller | None = None) -> tuple[dict[str, Any] | ResponsesEvents, dict[str, str]]:
         """``POST /v1/responses`` (:mod:`relax_gym.omni.responses_api`): run as the chat completion it
         means, recorded into the same session; the response object and its extra headers."""
         try:
@@ -625,15 +661,36 @@ class OpenAIAPI:
                                                         f"{_RESPONSES_KEPT})")
         except ResponsesRequestError as exc:
             raise OpenAIError(400, str(exc), param=exc.param) from None
+        if req.stream:
+            answer, extra = self.chat_completions({**chat, "stream": True}, headers, caller=caller)
+            keep = lambda response, completion: self._keep_response(req, chat, response, completion, extra)  # noqa: E731
+            return ResponsesEvents(_source(answer), req, on_done=keep), extra
         answer, extra = self.chat_completions(chat, headers, caller=caller)
         response = response_object(req, answer)
+        self._keep_response(req, chat, response, answer, extra)
+        return response, extra
+
+    def _keep_response(self, req: Any, chat: dict[str, Any], response: dict[str, Any], answer: dict[str, Any],
+                       extra: Mapping[str, str]) -> None:
+        """Keep a response's conversation for a later ``previous_response_id`` of its session."""
         with self._raw_lock:
             self._responses[response["id"]] = (extra[SESSION_HEADER], conversation_after(req, chat, answer))
             while len(self._responses) > _RESPONSES_KEPT:
                 self._responses.popitem(last=False)
-        return response, extra
 
-    def _completion(self, req: ChatCompletionRequest, mode: Any, session: str) -> tuple[dict[str, Any] | ChatStream, dict[str, str]]:
+    def _completion(self, req: ChatCompletionRequest, mode: Any, session: str) -> tuple[dict[str, Any] | ChatStream | ChatEvents, dict[str, str]]:
+        call = self._start_call(req, mode, session)
+        headers = {SESSION_HEADER: session}
+        include_usage = bool((req.stream_options or {}).get("include_usage"))
+        if req.stream and self._engine_streams():
+            return ChatEvents(self._live(call), include_usage=include_usage), headers
+        response = self._finish_call(call, self._generate(call))
+        if req.stream:  # an engine that answers whole: the completion, chunked
+            return ChatStream(response, include_usage=include_usage), headers
+        return response, headers
+
+    def _start_call(self, req: ChatCompletionRequest, mode: Any, session: str) -> _Call:
+        """Everything before the engine: the conversation rendered (continuing the session's tokens), sampling."""
         try:
             dicts = conversation_dicts(req.messages, req.tools, mode, self._raw_text)
             messages = from_openai(dicts)
@@ -645,14 +702,22 @@ class OpenAIAPI:
         adjust = getattr(self.engine, "sampling_params", None)
         if callable(adjust):
             sampling = dict(adjust(sampling))
-        top_n = int(req.top_logprobs or 0) if req.logprobs else 0
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        return _Call(req, mode, session, messages, rendered, prompt, sampling,
+                     int(req.top_logprobs or 0) if req.logprobs else 0, f"chatcmpl-{uuid.uuid4().hex}", time.time())
+
+    def _generate(self, call: _Call, on_token: Callable[[int], None] | None = None) -> Any:
+        extra = {"on_token": on_token} if on_token is not None else {}
         try:
-            out = self.engine.generate_rendered(prompt, rendered.mm, messages=messages, sampling_params=sampling,
-                                                return_logprob=True, top_logprobs_num=top_n, rid=request_id,
-                                                return_text_in_logprobs=True)
+            return self.engine.generate_rendered(call.prompt, call.rendered.mm, messages=call.messages,
+                                                 sampling_params=call.sampling, return_logprob=True,
+                                                 top_logprobs_num=call.top_n, rid=call.request_id,
+                                                 return_text_in_logprobs=True, **extra)
         except EngineRequestError as exc:
             raise OpenAIError(400, str(exc)) from None
+
+    def _finish_call(self, call: _Call, out: Any) -> dict[str, Any]:
+        """The engine's answer recorded under the call's session; the ``chat.completion``."""
+        req, mode, session, prompt = call.req, call.mode, call.session, call.prompt
         meta = out.meta_info
         pairs = meta.output_token_logprobs or []
         logprobs = [lp for lp, _, _ in pairs]
@@ -666,11 +731,11 @@ class OpenAIAPI:
         previous = self.recorder.last(session)
         continues = previous is not None and _starts_with(prompt, previous.prompt_ids + previous.completion_ids)
         record = self.recorder.record(
-            session, turn=_Turn(tuple(messages), rendered, completion, reply, out.text),
-            request_id=request_id, created=time.time(), prompt_ids=prompt, completion_ids=completion,
-            logprobs=logprobs, media=tuple(p for m in messages for p in m.media()), text=out.text,
-            finish_reason=finish, weight_version=meta.weight_version, sampling=sampling, continues=continues,
-            mm=dict(rendered.mm or {}))
+            session, turn=_Turn(tuple(call.messages), call.rendered, completion, reply, out.text),
+            request_id=call.request_id, created=call.created, prompt_ids=prompt, completion_ids=completion,
+            logprobs=logprobs, media=tuple(p for m in call.messages for p in m.media()), text=out.text,
+            finish_reason=finish, weight_version=meta.weight_version, sampling=call.sampling, continues=continues,
+            mm=dict(call.rendered.mm or {}))
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             message["tool_calls"] = tool_calls
@@ -678,8 +743,8 @@ class OpenAIAPI:
                                   "token_ids": completion, "token_logprobs": logprobs}
         if req.logprobs:
             choice["logprobs"] = {"content": _logprob_content(pairs, meta.output_top_logprobs)}
-        response = {
-            "id": request_id, "object": "chat.completion", "created": int(record.created), "model": req.model,
+        return {
+            "id": call.request_id, "object": "chat.completion", "created": int(record.created), "model": req.model,
             "system_fingerprint": None, "choices": [choice],
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(completion),
                       "total_tokens": len(prompt) + len(completion)},
@@ -687,9 +752,42 @@ class OpenAIAPI:
             "relax": {"session_id": session, "call_index": record.index, "weight_version": meta.weight_version,
                       "continues": continues},
         }
-        if req.stream:
-            return ChatStream(response, include_usage=bool((req.stream_options or {}).get("include_usage"))), {SESSION_HEADER: session}
-        return response, {SESSION_HEADER: session}
+
+    def _engine_streams(self) -> bool:
+        """Whether the engine hands out its tokens as it samples them (``generate_rendered(on_token=)``)."""
+        if self._streams is None:
+            try:
+                self._streams = "on_token" in inspect.signature(self.engine.generate_rendered).parameters
+            except (TypeError, ValueError):
+                self._streams = False
+        return self._streams
+
+    def _live(self, call: _Call) -> LiveCompletion:
+        """Start ``call`` on a thread of its own, its tokens streamed; a failure is recorded as the non-streamed
+        call's would be. A refused request (400) is raised here, before any event."""
+
+        def run(on_token: Callable[[int], None]) -> dict[str, Any]:
+            try:
+                return self._finish_call(call, self._generate(call, on_token))
+            except OpenAIError as exc:
+                if exc.status >= 500:
+                    self.recorder.fail(call.session, exc.message)
+                raise
+            except Exception as exc:
+                self.recorder.fail(call.session, f"{type(exc).__name__}: {exc}")
+                raise
+
+        feed = start_streamed(run, name="openai-stream")
+        stops = list(call.sampling.get("stop") or ())
+        deltas = TextDeltas(self._decode, stops=stops, markers=(TOOL_CALL_OPEN,) if call.mode.listed else (),
+                            strip=call.mode.listed)
+        live = LiveCompletion(feed, deltas, request_id=call.request_id, created=int(call.created),
+                              model=call.req.model, prompt_tokens=len(call.prompt))
+        feed.first()  # a refused request raises here (a 400 before the stream starts); the token stays for pieces()
+        return live
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.engine.decode(list(ids), skip_special_tokens=True)
 
     def list_sessions(self, caller: Caller | None = None) -> dict[str, Any]:
         """``GET /v1/relax/sessions``: ids and call counts (the admin's view; anonymous callers see the sessions

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from relax_gym.omni.render import Rendered, extend, render
@@ -51,6 +51,10 @@ class ClientEngine:
         with self._tokenizer_lock:
             return render(list(messages), self.processor, add_generation_prompt=True)
 
+    def decode(self, ids: Sequence[int], **kwargs: Any) -> str:
+        with self._tokenizer_lock:
+            return self.processor.decode(list(ids), **kwargs)
+
     def extend(self, rendered: Rendered, messages: Sequence[Any], assistant_token_ids: Sequence[int]) -> Rendered:
         with self._tokenizer_lock:
             return extend(rendered, list(messages), assistant_token_ids=list(assistant_token_ids),
@@ -58,9 +62,14 @@ class ClientEngine:
 
     def generate_rendered(self, prompt_ids: Sequence[int], mm: Any, *, messages: Sequence[Any] = (),
                           sampling_params: Mapping[str, Any], return_logprob: bool = True, top_logprobs_num: int = 0,
-                          rid: str | None = None, return_text_in_logprobs: bool = False) -> GenerateResponse:
+                          rid: str | None = None, return_text_in_logprobs: bool = False,
+                          on_token: Callable[[int], None] | None = None) -> GenerateResponse:
+        """``on_token``: stream the request (each token id handed over as the engine samples it, from the loop's
+        thread) where the client can (over HTTP; a Serve handle answers once)."""
         params = dict(sampling_params)  # OpenAIAPI already applied sampling_params(): what it records is what runs
-        extra = {"top_logprobs_num": int(top_logprobs_num)} if top_logprobs_num else {}
+        extra: dict[str, Any] = {"top_logprobs_num": int(top_logprobs_num)} if top_logprobs_num else {}
+        if on_token is not None:
+            extra["on_token"] = on_token
         coro = self.client.generate(list(prompt_ids), sampling_params=params, return_logprob=True, **extra,
                                     **media_data(list(messages)))
         out = asyncio.run_coroutine_threadsafe(coro, self.loop).result()

@@ -1,7 +1,8 @@
-"""``stream: true`` for the OpenAI endpoint: a finished ``chat.completion`` as Server-Sent Events.
+"""``stream: true`` for the OpenAI endpoint when the engine cannot stream: a finished ``chat.completion`` as
+Server-Sent Events. (An engine that hands out its tokens as it samples them is streamed live instead:
+:mod:`~relax_gym.trainer.gateway.live_stream`.)
 
-The embedded engine has no incremental output (one ``model.generate`` per batch), so the endpoint generates the
-whole completion first and then sends it as OpenAI's ``chat.completion.chunk`` events: the role, the content in
+The endpoint generates the whole completion first and then sends it as OpenAI's ``chat.completion.chunk`` events: the role, the content in
 pieces (a few words each), one ``tool_calls`` delta per call (id, name and the complete arguments), a last chunk
 with the ``finish_reason`` (and ``logprobs.content`` when asked, plus our ``token_ids`` / ``token_logprobs`` /
 ``prompt_token_ids`` / ``relax`` fields), with ``stream_options.include_usage`` a chunk with ``usage`` and no
@@ -12,10 +13,11 @@ same as without streaming.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from typing import Any
+
+from relax_gym.omni.api_streams import chunk_maker, sse, tail_chunks
 
 __all__ = ["ChatStream", "chunks"]
 
@@ -31,28 +33,11 @@ def _pieces(text: str) -> list[str]:
 
 def chunks(completion: dict[str, Any], *, include_usage: bool = False) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects that stream ``completion`` (a ``chat.completion`` dict)."""
-    (choice,) = completion["choices"]
-    message = choice["message"]
-    base = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
-            "model": completion["model"], "system_fingerprint": completion.get("system_fingerprint")}
-    if include_usage:
-        base["usage"] = None
-
-    def chunk(delta: dict[str, Any], **extra: Any) -> dict[str, Any]:
-        return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None, **extra}]}
-
+    message = completion["choices"][0]["message"]
+    chunk = chunk_maker(completion, include_usage=include_usage)
     out = [chunk({"role": "assistant", "content": ""})]
     out += [chunk({"content": piece}) for piece in _pieces(message.get("content") or "")]
-    for i, call in enumerate(message.get("tool_calls") or ()):
-        out.append(chunk({"tool_calls": [{"index": i, **call}]}))
-    last = chunk({}, finish_reason=choice["finish_reason"], logprobs=choice.get("logprobs"),
-                 token_ids=choice.get("token_ids"), token_logprobs=choice.get("token_logprobs"))
-    last["prompt_token_ids"] = completion.get("prompt_token_ids")
-    last["relax"] = completion.get("relax")
-    out.append(last)
-    if include_usage:
-        out.append({**base, "choices": [], "usage": completion["usage"]})
-    return out
+    return out + tail_chunks(completion, include_usage=include_usage)
 
 
 class ChatStream:
@@ -70,5 +55,5 @@ class ChatStream:
 
     def __iter__(self) -> Iterator[bytes]:
         for event in self.events():
-            yield b"data: " + json.dumps(event, allow_nan=False).encode() + b"\n\n"
+            yield sse(event)
         yield b"data: [DONE]\n\n"

@@ -200,8 +200,10 @@ def test_bad_requests_answer_400_naming_the_field(served):
         client.generate([1, 2, 3], sampling_params={"max_new_tokens": -1})
     assert info.value.status_code == 400 and "sampling_params.max_new_tokens" in info.value.message
     with pytest.raises(EngineHTTPError) as info:
+        client.generate_batch([[1, 2], [3]], sampling_params={"max_new_tokens": 2}, stream=True)
+    assert info.value.status_code == 400 and "stream=True takes one request, not a batch of 2" in info.value.message
+    with pytest.raises(ValueError, match="on_token"):  # the client streams through on_token, not a bare flag
         client.generate([1, 2, 3], sampling_params={"max_new_tokens": 2}, stream=True)
-    assert info.value.status_code == 400 and "not supported by the embedded engine" in info.value.message
     with pytest.raises(EngineHTTPError) as info:
         client.generate([10 ** 7], sampling_params={"max_new_tokens": 2})
     assert info.value.status_code == 400 and "vocabulary" in info.value.message

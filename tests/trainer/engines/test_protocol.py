@@ -70,7 +70,7 @@ def test_batch_request_splits_per_request():
 
 
 @pytest.mark.parametrize("body, field", [
-    ({"input_ids": [1], "stream": True}, "stream"),
+    ({"input_ids": [[1], [2]], "stream": True}, "stream"),
     ({"input_ids": [1], "sampling_params": {"max_new_tokens": "many"}}, "sampling_params.max_new_tokens"),
     ({"input_ids": [1], "sampling_params": {"temprature": 0.5}}, "sampling_params.temprature"),
     ({"input_ids": [1], "sampling_params": {"n": 4}}, "sampling_params.n"),
@@ -91,7 +91,7 @@ def test_bad_requests_name_the_field(body, field):
         parse_request(GenerateReqInput, body)
     assert field in str(info.value)
     if body.get("stream"):
-        assert "not supported by the embedded engine" in str(info.value)
+        assert "stream=True takes one request, not a batch of 2" in str(info.value)
 
 
 def test_response_parses_as_sglang_sends_it():

@@ -26,18 +26,23 @@ from relax_gym.trainer.rollout.program_episode import (
 from tests.trainer.engines.conftest import start, stop
 
 # Two calls that extend each other, then the agent trims its history (a new segment) and extends that once more.
+# The first call of each segment is streamed (the reply put together from its deltas), so the next call continues
+# a streamed reply token-exactly.
 AGENT = '''
 from openai import OpenAI
 c = OpenAI(max_retries=0)
-def ask(msgs):
-    r = c.chat.completions.create(model="any", messages=msgs, max_tokens=500, temperature=0.0,
-                                  extra_body={"top_k": 1, "min_p": 0.5})
+def ask(msgs, stream=False):
+    kw = dict(model="any", messages=msgs, max_tokens=500, temperature=0.0, extra_body={"top_k": 1, "min_p": 0.5})
+    if stream:
+        pieces = [e.choices[0].delta.content or "" for e in c.chat.completions.create(stream=True, **kw) if e.choices]
+        return {"role": "assistant", "content": "".join(pieces)}
+    r = c.chat.completions.create(**kw)
     return r.choices[0].message.model_dump(exclude_none=True)
 msgs = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "one"}]
-msgs += [ask(msgs), {"role": "user", "content": "two"}]
+msgs += [ask(msgs, stream=True), {"role": "user", "content": "two"}]
 ask(msgs)
 msgs = [msgs[0], {"role": "user", "content": "again"}]
-msgs += [ask(msgs), {"role": "user", "content": "more"}]
+msgs += [ask(msgs, stream=True), {"role": "user", "content": "more"}]
 ask(msgs)
 '''
 SAMPLING = {"max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0}
@@ -58,8 +63,16 @@ def served_policy(policy):
     stop(s)
 
 
-def test_recorded_calls_become_the_trained_sequence(served_policy):
+def test_recorded_calls_become_the_trained_sequence(served_policy, monkeypatch):
     env = _Chatty(runner="local")
+    streamed = []  # the engine requests the gateway streamed (over /generate's events)
+    original = AsyncEngineClient._generate_streamed
+
+    async def spy(self, payload, on_token):
+        streamed.append(payload["input_ids"])
+        return await original(self, payload, on_token)
+
+    monkeypatch.setattr(AsyncEngineClient, "_generate_streamed", spy)
 
     async def main():
         client = AsyncEngineClient(served_policy.server.url)
@@ -85,6 +98,7 @@ def test_recorded_calls_become_the_trained_sequence(served_policy):
     assert all(c.sampling["temperature"] == 1.0 for c in calls), "the trainer's temperature replaces the agent's 0.0"
     assert all(c.sampling["top_k"] == -1 and c.sampling["min_p"] == 0.0 for c in calls), "and its top_k / min_p 1 / 0.5"
     first, second, third, fourth = calls
+    assert streamed == [first.prompt_ids, third.prompt_ids], "the agent's streamed calls were streamed from the engine"
     assert second.prompt_ids[: len(first.prompt_ids) + len(first.completion_ids)] == first.prompt_ids + first.completion_ids
     assert [len(s) for s in split_segments(calls)] == [2, 2]
     traj = trajectory_from_calls(calls, outcome, seed=0, group_id=3)

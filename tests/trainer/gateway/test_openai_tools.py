@@ -6,6 +6,7 @@ client over loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from types import SimpleNamespace
@@ -79,17 +80,24 @@ def openai_client(url: str, api_key: str = "EMPTY") -> openai.OpenAI:
                          http_client=httpx.Client(trust_env=False, timeout=60))
 
 
+@contextlib.contextmanager
+def served_api(engine, name: str = "scripted"):
+    """``engine``'s API, its ``/v1`` routes served on loopback and an openai client (closed afterwards)."""
+    api = OpenAIAPI(engine, model_name=name)
+    server = serve_openai(api)
+    client = openai_client(server.url)
+    try:
+        yield SimpleNamespace(engine=engine, api=api, server=server, client=client, processor=engine.processor)
+    finally:
+        client.close()
+        server.close()
+
+
 @pytest.fixture
 def scripted(policy):
     """A fresh scripted engine, its API, the served ``/v1`` routes and an openai client."""
-    _, processor = policy
-    engine = ScriptedEngine(processor)
-    api = OpenAIAPI(engine, model_name="scripted")
-    server = serve_openai(api)
-    client = openai_client(server.url)
-    yield SimpleNamespace(engine=engine, api=api, server=server, client=client, processor=processor)
-    client.close()
-    server.close()
+    with served_api(ScriptedEngine(policy[1])) as s:
+        yield s
 
 
 def decoded_prompt(s) -> str:

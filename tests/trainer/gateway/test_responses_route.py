@@ -50,7 +50,6 @@ def test_a_function_call_and_its_output_continue_the_same_tokens(scripted, conti
 
 
 @pytest.mark.parametrize("body, param, words", [
-    ({"model": "m", "input": "hi", "stream": True}, "stream", "stream: true is not served"),
     ({"model": "m", "input": "hi", "tools": [{"type": "web_search"}]}, "tools", "built-in tools ('web_search')"),
     ({"model": "m", "input": "hi", "previous_response_id": "resp_nope"}, "previous_response_id", "no response"),
     ({"model": "m", "input": [{"type": "computer_call"}]}, "input", "items of type 'computer_call'"),
