@@ -19,7 +19,7 @@ reached an engine: it is resent ``retries`` times with backoff, then raised as
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from relax_gym.trainer.engines.client import (
@@ -39,13 +39,17 @@ class HandleEngineClient(CoalescingClient):
     """``generate`` (token-id prompts, coalesced) and ``generate_batch`` against a deployment ``handle`` whose
     ``method_name`` takes a ``/generate`` body and answers ``(status, data)``. ``window_s`` / ``max_wait_s`` /
     ``max_batch``: the coalescing (see :class:`~relax_gym.trainer.engines.coalesce.CoalescingClient`);
-    ``coalesce=False`` sends every call alone."""
+    ``coalesce=False`` sends every call alone. A streamed call (``generate(..., on_token=)``) is a Serve streaming
+    call of ``stream_method`` (:meth:`~relax_gym.trainer.async_engine.roles.inference.InferenceRole.generate_stream`),
+    alone."""
 
-    def __init__(self, handle: Any, *, method_name: str = "generate", retries: int = 3, backoff_s: float = 0.2,
-                 coalesce: bool = True, window_s: float = 0.002, max_wait_s: float = 0.02, max_batch: int = 256) -> None:
+    def __init__(self, handle: Any, *, method_name: str = "generate", stream_method: str = "generate_stream",
+                 retries: int = 3, backoff_s: float = 0.2, coalesce: bool = True, window_s: float = 0.002,
+                 max_wait_s: float = 0.02, max_batch: int = 256) -> None:
         super().__init__(None, window_s=window_s, max_wait_s=max_wait_s, max_batch=max_batch if coalesce else 1)  # type: ignore[arg-type]
         self.handle = handle
         self.method_name = method_name
+        self.stream_method = stream_method  # a streamed call (``on_token``): the role's streaming generator
         self.retries = int(retries)
         self.backoff_s = float(backoff_s)
 
@@ -59,12 +63,35 @@ class HandleEngineClient(CoalescingClient):
         return await self.generate_batch(input_ids, **kwargs)
 
     async def _generate_one(self, input_ids: list[int], **kwargs: Any) -> GenerateOutput:
-        # a Serve handle call answers once: a streamed request's tokens come with its answer (docs/agent-programs.md)
-        kwargs.pop("on_token", None)
+        on_token = kwargs.pop("on_token", None)
+        if on_token is not None:
+            return GenerateOutput.from_json(await self._stream(generate_body(input_ids, **kwargs), on_token))
         data = await self._call(generate_body(input_ids, **kwargs))
         if isinstance(data, list):
             raise EngineError(f"/generate answered a list of {len(data)} for a single request")
         return GenerateOutput.from_json(data)
+
+    async def _stream(self, body: Mapping[str, Any], on_token: Callable[[int], None]) -> Any:
+        """A Serve streaming call of ``stream_method``: each ``("token", id)`` to ``on_token``, then the
+        ``("done", status, data)`` answer. Not resent once it reached a replica (tokens were handed out)."""
+        call = getattr(self.handle.options(stream=True), self.stream_method)
+        status, data = None, None
+        try:
+            async for item in call.remote(body):
+                if item[0] == "token":
+                    on_token(int(item[1]))
+                else:
+                    _, status, data = item
+        except Exception as exc:
+            if not _is_ray_failure(exc):
+                raise
+            raise EngineConnectionError(f"inference deployment lost a streamed request: {type(exc).__name__}: "
+                                        f"{exc}") from exc
+        if status is None:
+            raise EngineError("the inference deployment's stream ended without an answer")
+        if status >= 400:
+            raise EngineHTTPError(status, str(data), "/generate", data)
+        return data
 
     async def _call(self, body: Mapping[str, Any]) -> Any:
         call = getattr(self.handle, self.method_name)

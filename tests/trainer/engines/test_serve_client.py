@@ -82,3 +82,54 @@ def test_unanswered_calls_are_retried_then_reported_as_connection_errors():
     assert asyncio.run(main(FakeRole(die=2), retries=2)).output_ids == [1]
     with pytest.raises(EngineConnectionError, match="unreachable"):
         asyncio.run(main(FakeRole(die=5), retries=1))
+
+
+class FakeStreamingRole:
+    """``handle.options(stream=True).generate_stream.remote(body)`` as a Serve streaming call answers it (an async
+    generator of the role's items); ``die_after``: a Ray failure after that many tokens."""
+
+    def __init__(self, status=200, die_after=None):
+        self.status, self.die_after, self.bodies = status, die_after, []
+        self.generate_stream = self
+
+    def options(self, stream=False):
+        assert stream is True
+        return self
+
+    def remote(self, body):
+        self.bodies.append(body)
+
+        async def items():
+            for i, token in enumerate(body["input_ids"]):
+                if self.die_after is not None and i == self.die_after:
+                    raise RayActorDied("replica died mid-stream")
+                yield ("token", token)
+            yield ("done", self.status, answer(body["input_ids"]) if self.status == 200 else "bad request")
+
+        return items()
+
+
+def test_a_streamed_call_hands_out_each_token_and_answers_like_a_plain_call():
+    role = FakeStreamingRole()
+    seen = []
+
+    async def main():
+        return await HandleEngineClient(role).generate([4, 5, 6], sampling_params={"max_new_tokens": 3},
+                                                       on_token=seen.append)
+
+    out = asyncio.run(main())
+    assert seen == [4, 5, 6] == out.output_ids and out.weight_version == "3"
+    assert len(role.bodies) == 1 and role.bodies[0]["input_ids"] == [4, 5, 6]  # alone, not batched
+
+
+def test_a_refused_stream_raises_the_status_and_a_lost_one_is_not_resent():
+    async def main(role):
+        return await HandleEngineClient(role, retries=3, backoff_s=0.001).generate([1, 2], on_token=lambda t: None)
+
+    with pytest.raises(EngineHTTPError) as err:
+        asyncio.run(main(FakeStreamingRole(status=400)))
+    assert err.value.status_code == 400 and "bad request" in err.value.message
+    lost = FakeStreamingRole(die_after=1)
+    with pytest.raises(EngineConnectionError, match="lost a streamed request"):
+        asyncio.run(main(lost))
+    assert len(lost.bodies) == 1, "a stream that handed out tokens is never sent twice"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator
 from typing import Any
 
 from relax_gym.trainer.engines.settings import InferenceSection
@@ -33,6 +34,8 @@ from relax_gym.trainer.dcs.service import register_engine
 __all__ = ["InferenceRole"]
 
 log = logging.getLogger(__name__)
+
+_END = object()  # a streamed request's end, after its last token
 
 
 class InferenceRole:
@@ -73,6 +76,39 @@ class InferenceRole:
         except Exception as exc:  # noqa: BLE001 - an engine failure is a 500 answer, never a dead replica
             log.warning("inference replica %s: generate failed: %s: %s", self.name, type(exc).__name__, exc)
             return int(getattr(exc, "status_code", 500) or 500), f"{type(exc).__name__}: {exc}"
+
+    async def generate_stream(self, body: dict[str, Any]) -> AsyncIterator[tuple[Any, ...]]:
+        """One ``/generate`` body streamed (a Serve streaming call: ``handle.options(stream=True)``): ``("token",
+        id)`` for each token as the embedded engine samples it, then ``("done", status, response or message)`` as
+        :meth:`generate` answers. An SGLang replica answers once (its tokens come with the answer)."""
+        if self._behind:
+            await self._catch_up()
+        loop = asyncio.get_running_loop()
+        tokens: asyncio.Queue[Any] = asyncio.Queue()
+        engine = getattr(self.host, "engine", None) if self.host.kind == "embedded" else None
+
+        def run() -> Any:
+            if engine is None:
+                return self.host.generate(body)
+            from relax_gym.trainer.engines.embedded import EngineRequestError
+
+            try:  # looked up per call: fault injection wraps it
+                out = engine.generate(body, on_token=lambda t: loop.call_soon_threadsafe(tokens.put_nowait, t))
+            except EngineRequestError as exc:
+                raise EngineHTTPError(400, str(exc), "/generate") from None
+            return out.to_json()
+
+        done = loop.run_in_executor(self._threads, run)
+        done.add_done_callback(lambda _: tokens.put_nowait(_END))
+        while (token := await tokens.get()) is not _END:
+            yield ("token", token)
+        try:
+            yield ("done", 200, done.result())
+        except EngineHTTPError as exc:
+            yield ("done", exc.status_code, exc.message)
+        except Exception as exc:  # noqa: BLE001 - an engine failure is a 500 answer, never a dead replica
+            log.warning("inference replica %s: generate failed: %s: %s", self.name, type(exc).__name__, exc)
+            yield ("done", int(getattr(exc, "status_code", 500) or 500), f"{type(exc).__name__}: {exc}")
 
     async def _catch_up(self) -> None:
         async with self._catching_up:
