@@ -140,6 +140,19 @@ def _part(part: Any, where: str) -> dict[str, Any]:
                                 f"input_audio, output_text)", "input")
 
 
+def _tool_output(output: Any, where: str) -> Any:
+    """A ``function_call_output``'s ``output`` as a tool message's content: a string as it is; a list of parts
+    (``input_text`` / ``input_image`` / ..., what e.g. the Agents SDK sends for a tool that returns
+    ``ToolOutputImage``) as content parts, so its pictures reach the policy as pictures (text only: joined); any
+    other JSON as its text."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        parts = [_part(p, f"{where}[{j}]") for j, p in enumerate(output)]
+        return parts if any(p["type"] != "text" for p in parts) else "".join(p["text"] for p in parts)
+    return json.dumps(output)
+
+
 def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     """``req``'s own input as chat messages (``instructions`` not included)."""
     return [{"role": "user", "content": req.input}] if isinstance(req.input, str) else chat_messages(req.input)
@@ -177,9 +190,8 @@ def chat_messages(items: list[Any]) -> list[dict[str, Any]]:
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
-            output = item.get("output")
             out.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
-                        "content": output if isinstance(output, str) else json.dumps(output)})
+                        "content": _tool_output(item.get("output"), f"{where}.output")})
         elif kind == "reasoning":
             continue
         else:

@@ -61,6 +61,24 @@ def test_text_image_and_audio_survive_the_round_trip():
     assert np.abs(back[1].content[2].decode().waveform - audio.decode().waveform).max() < 1e-3  # 16-bit WAV
 
 
+def test_a_tool_output_with_a_picture_reaches_the_conversation_as_a_picture():
+    """What the Agents SDK sends for a tool that returns ``ToolOutputImage``: the output as a list of parts."""
+    pixels = np.random.default_rng(1).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    image = to_responses_input([Message("user", (ImagePart(MediaSource.of(pixels)),))])[0]["content"][0]
+    items = [{"type": "function_call", "call_id": "c1", "name": "watch", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c1",
+              "output": [{"type": "input_text", "text": "frame at 0.5 s"}, image]},
+             {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "only "},
+                                                                          {"type": "input_text", "text": "text"}]},
+             {"type": "function_call_output", "call_id": "c1", "output": {"temperature": 21}}]
+    messages = chat_messages(items)
+    assert [m["content"] for m in messages[2:]] == ["only text", '{"temperature": 21}']
+    (tool,) = from_openai([messages[1]])
+    assert tool.content[0].text == "frame at 0.5 s" and np.array_equal(tool.content[1].decode(), pixels)
+    with pytest.raises(ResponsesRequestError, match=r"input\[1\].output\[0\]: content part of type 'input_file'"):
+        chat_messages([items[0], {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_file"}]}])
+
+
 def test_items_the_reader_cannot_use_are_named_by_item_and_part():
     assert chat_messages([{"role": "developer", "content": "x"}]) == [{"role": "system", "content": "x"}]
     with pytest.raises(ResponsesRequestError, match=r"input\[1\].content\[0\]: content part of type 'input_file'"):

@@ -10,6 +10,7 @@ against its answers in tests/trainer/engines/test_engine_stream.py."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -204,3 +205,56 @@ def test_a_live_completion_gives_final_pieces_then_what_the_recorded_content_add
     live = LiveCompletion(feed, deltas, request_id="chatcmpl-1", created=0, model="m", prompt_tokens=3)
     pieces = list(live.pieces())
     assert "".join(pieces) == REPLY + " The end." and pieces[-1] == " The end." and live.completion() is completion
+
+
+AGENT_WITH_A_PICTURE = '''
+import asyncio, base64, io, os
+from agents import Agent, Runner, ToolOutputImage, function_tool
+
+PNG = base64.b64decode(open("frame.b64").read())
+
+@function_tool
+def look() -> ToolOutputImage:
+    "Look at the picture."
+    return ToolOutputImage(image_url="data:image/png;base64," + base64.b64encode(PNG).decode())
+
+agent = Agent(name="viewer", instructions="Look, then say what you saw.", tools=[look], model=os.environ["OPENAI_MODEL"])
+
+async def main():
+    result = Runner.run_streamed(agent, "What is in the picture?", max_turns=3)
+    async for _ in result.stream_events():
+        pass
+    return result.final_output
+
+open("answer.txt", "w").write(str(asyncio.run(main())))
+'''
+
+
+def test_an_agents_sdk_tool_that_returns_a_picture_shows_the_policy_a_picture(live, tmp_path):
+    """The Agents SDK sends a ``ToolOutputImage`` as a ``function_call_output`` whose output is a list of parts:
+    the policy's next prompt holds the picture (its pixels, its pad tokens), not its base64 as text."""
+    import base64
+
+    import numpy as np
+    from PIL import Image
+
+    from tests.envs.agent_clients import sdk_venv
+
+    engine, _, server, _ = live
+    engine.replies = ['<tool_call>{"name": "look", "arguments": {}}</tool_call>', "A red square."]
+    engine.release.set()
+    buf = io.BytesIO()
+    Image.fromarray(np.full((28, 28, 3), (200, 30, 30), dtype=np.uint8)).save(buf, format="PNG")
+    (tmp_path / "frame.b64").write_text(base64.b64encode(buf.getvalue()).decode())
+    (tmp_path / "agent.py").write_text(AGENT_WITH_A_PICTURE)
+    env = {"PATH": os.environ.get("PATH", ""), "OPENAI_BASE_URL": server.url + "/v1", "OPENAI_API_KEY": "EMPTY",
+           "OPENAI_MODEL": "policy", "OPENAI_AGENTS_DISABLE_TRACING": "1", "NO_PROXY": "*"}
+    run = subprocess.run([str(sdk_venv() / "bin" / "python"), "agent.py"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (tmp_path / "answer.txt").read_text() == "A red square."
+    first, second = engine.asked
+    pad = engine.processor.media_token_ids["image"]
+    assert first.mm in (None, {}) or "pixel_values" not in first.mm
+    assert "pixel_values" in second.mm and second.prompt_ids.count(pad) > 0
+    assert "base64" not in engine.processor.decode(second.prompt_ids)
