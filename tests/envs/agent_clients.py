@@ -11,7 +11,8 @@ The clients (``openai`` 3.60 for the first two), all from one venv the code make
 - ``anthropic``: Anthropic's client on Messages, ``tool_use`` / ``tool_result`` blocks, streamed (``messages.stream``);
 - ``agents-sdk``: the OpenAI Agents SDK, its default (Responses) model class, a ``@function_tool``,
   ``Runner.run_streamed``;
-- ``langchain``: LangChain's ``ChatOpenAI`` (Chat Completions) with ``bind_tools`` and a ``@tool``.
+- ``langchain``: LangChain's ``ChatOpenAI`` (Chat Completions) with ``bind_tools`` and a ``@tool``, streamed
+  (``llm.stream``, the chunks added up).
 
 Each reads the endpoint the way its users would point it at a server: the OpenAI client and the Agents SDK from
 ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` by themselves, ``ChatOpenAI`` and Anthropic's client from arguments.
@@ -128,7 +129,9 @@ llm = ChatOpenAI(model=os.environ["OPENAI_MODEL"], base_url=os.environ["OPENAI_B
                  api_key=os.environ["OPENAI_API_KEY"], max_retries=0, max_tokens=64).bind_tools([lookup])
 messages = [SystemMessage(INSTRUCTIONS), HumanMessage(TASK)]
 for _ in range(4):
-    reply = llm.invoke(messages)
+    reply = None
+    for chunk in llm.stream(messages):  # streamed: the chunks (tool-call chunks too) added up
+        reply = chunk if reply is None else reply + chunk
     messages.append(reply)
     if not reply.tool_calls:
         break

@@ -171,10 +171,10 @@ def test_a_failure_after_the_first_event_is_the_apis_error_event(live):
 LOOKUP_CALL = '<tool_call>{"name": "lookup", "arguments": {"name": "amber"}}</tool_call>'
 
 
-@pytest.mark.parametrize("client", ["openai-responses", "anthropic", "agents-sdk"])
+@pytest.mark.parametrize("client", ["openai-responses", "anthropic", "agents-sdk", "langchain"])
 def test_the_sdks_streaming_helpers_put_our_events_together(live, tmp_path, client):
     """Each SDK's own streaming (the openai client's ``responses.stream``, Anthropic's ``messages.stream``, the
-    Agents SDK's ``Runner.run_streamed``) from the agent-SDK venv, a tool call then the answer: the programs of
+    Agents SDK's ``Runner.run_streamed``, LangChain's ``ChatOpenAI.stream``) from the agent-SDK venv, a tool call then the answer: the programs of
     tests/envs/agent_clients.py run as their users run them, every call of theirs streamed from the engine."""
     from tests.envs.agent_clients import NOTEBOOK, PROGRAMS, sdk_venv
 
