@@ -9,7 +9,7 @@ medians over ``--repeats`` calls per API and the ratio TTFT / whole, for the tin
 (``--wide``: hidden 1024, 8 layers, so a token costs what it costs on a small real model on CPU). One torch thread
 (as the inference role runs); ratios within one run, so the machine's speed cancels.
 
-    python benchmarks/stream_ttft.py [--repeats 5] [--tokens 64] [--wide]
+    python benchmarks/stream_ttft.py [--repeats 5] [--tokens 64] [--wide] [--quick]
 """
 
 from __future__ import annotations
@@ -112,25 +112,40 @@ def measure(cfg: PolicyConfig, label: str, repeats: int, tokens: int) -> list[tu
     return rows
 
 
+def run(quick: bool = False, *, repeats: int | None = None, tokens: int | None = None,
+        wide: bool | None = None) -> dict:
+    """The figures: per policy and API, the calls measured (and those that ended early), the median TTFT, streamed
+    and plain seconds and TTFT / streamed. ``quick``: one call of 16 tokens per API, the tiny policy only."""
+    repeats = repeats or (1 if quick else 5)
+    tokens = tokens or (16 if quick else 64)
+    wide = (not quick) if wide is None else wide
+    torch.set_num_threads(1)
+    rows = measure(PolicyConfig(), "tiny (hidden 128, 2 layers)", repeats, tokens)
+    if wide:
+        rows += measure(PolicyConfig(hidden_size=1024, num_layers=8, num_heads=8, num_kv_heads=4),
+                        "wide (hidden 1024, 8 layers)", repeats, tokens)
+    return {"tokens": tokens, "repeats": repeats, "rows": [
+        {"policy": r[0], "api": r[1], "calls": r[2], "ended_early": r[3], "ttft_s": round(r[4], 4),
+         "streamed_s": round(r[5], 4), "plain_s": round(r[6], 4), "ttft_over_streamed": round(r[7], 4)} for r in rows]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--wide", action="store_true", help="also a wider policy (hidden 1024, 8 layers)")
+    parser.add_argument("--quick", action="store_true", help="one 16-token call per API, the tiny policy only")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    rows = measure(PolicyConfig(), "tiny (hidden 128, 2 layers)", args.repeats, args.tokens)
-    if args.wide:
-        wide = PolicyConfig(hidden_size=1024, num_layers=8, num_heads=8, num_kv_heads=4)
-        rows += measure(wide, "wide (hidden 1024, 8 layers)", args.repeats, args.tokens)
-    table = Table(title=f"stream: {args.tokens}-token answers, medians")
-    for name in ("policy", "API", "calls", "short", "TTFT s", "streamed s", "plain s", "TTFT / streamed"):
+    out = run(args.quick, repeats=None if args.quick else args.repeats, tokens=None if args.quick else args.tokens,
+              wide=args.wide and not args.quick)
+    table = Table(title=f"stream: {out['tokens']}-token answers, medians")
+    for name in ("policy", "API", "calls", "ended early", "TTFT s", "streamed s", "plain s", "TTFT / streamed"):
         table.add_column(name)
-    for label, api, n, short, f, w, p, ratio in rows:
-        table.add_row(label, api, str(n), str(short), f"{f:.3f}", f"{w:.3f}", f"{p:.3f}", f"{ratio:.1%}")
+    for r in out["rows"]:
+        table.add_row(r["policy"], r["api"], str(r["calls"]), str(r["ended_early"]), f"{r['ttft_s']:.3f}",
+                      f"{r['streamed_s']:.3f}", f"{r['plain_s']:.3f}", f"{r['ttft_over_streamed']:.1%}")
     Console().print(table)
-    print(json.dumps([{"policy": r[0], "api": r[1], "calls": r[2], "ttft_s": round(r[4], 4), "streamed_s": round(r[5], 4),
-                       "plain_s": round(r[6], 4), "ratio": round(r[7], 4)} for r in rows]))
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
