@@ -15,11 +15,14 @@ from relax_gym.envs import registry as reg
 @contextmanager
 def restored_registry() -> Iterator[None]:
     saved_specs, saved_gym = dict(reg._specs), dict(gymnasium.registry)
+    saved_versions = {k: dict(v) for k, v in reg._versions.items()}
     try:
         yield
     finally:
         reg._specs.clear()
         reg._specs.update(saved_specs)
+        reg._versions.clear()
+        reg._versions.update(saved_versions)
         gymnasium.registry.clear()
         gymnasium.registry.update(saved_gym)
         discover(force=True)

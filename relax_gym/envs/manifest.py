@@ -41,6 +41,7 @@ MANIFEST_NAME = "env.toml"
 DATA_ENV_ENTRY_POINT = "relax_gym.envs.multiple_choice:MultipleChoiceEnv"
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
 _ENTRY_POINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+VERSIONED = re.compile(r"^(.+)-v(\d+)$")  # gymnasium's versioned id: name-vN
 
 
 class ManifestError(ValueError):
@@ -130,8 +131,12 @@ class EnvManifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str
+    # the env's version: any change to its observation, action parsing or reward is a new one (docs/catalog.md);
+    # registered as ``<id>-v<version>`` (gymnasium's spelling), and the bare id means the latest version
+    version: int = Field(default=1, ge=1)
     description: str = ""
     entry_point: str | None = None
+    tools: list[str] = Field(default_factory=list)  # the tools the env gives the agent, by name (the catalog's column)
     dataset: DatasetSpec | None = None
     reward: RewardTable | None = None
     modalities: list[Literal["text", "image", "video", "audio"]] = Field(default_factory=list)
@@ -145,6 +150,9 @@ class EnvManifest(BaseModel):
     def _id(cls, v: str) -> str:
         if not _ID.fullmatch(v):
             raise ValueError(f"{v!r} is not a valid env id (lowercase letters, digits, '-', '_', '.')")
+        if VERSIONED.fullmatch(v):
+            raise ValueError(f"{v!r}: give the id without its version and the version in 'version' "
+                             f"(id = {VERSIONED.fullmatch(v).group(1)!r}, version = {VERSIONED.fullmatch(v).group(2)})")
         return v
 
     @field_validator("entry_point")

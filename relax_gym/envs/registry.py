@@ -41,6 +41,7 @@ from relax_gym.envs.env_ids import NAMESPACE, REMOTE_PREFIX
 from relax_gym.envs.interop.frameworks import split_foreign_id
 from relax_gym.envs.manifest import (
     MANIFEST_NAME,
+    VERSIONED,
     EnvManifest,
     ManifestError,
     find_manifests,
@@ -70,10 +71,16 @@ class EnvSpec:
     modalities: tuple[str, ...] = ()
     manifest: EnvManifest | None = field(default=None, repr=False)
     server: str = ""  # served envs: where the server is, or which interpreter starts it ("" = in this process)
+    version: int | None = None  # None: an env registered without one (in code, by a package's entry point)
+
+    @property
+    def versioned_id(self) -> str:
+        """The exact id: ``<id>-v<version>`` (what a run records), or ``id`` for an unversioned env."""
+        return self.id if self.version is None else f"{self.id}-v{self.version}"
 
     @property
     def gym_id(self) -> str:
-        return f"{NAMESPACE}/{self.id}"
+        return f"{NAMESPACE}/{self.versioned_id}"
 
     def resolved_modalities(self) -> tuple[str, ...]:
         """The declared modalities, or for an env registered without them (a pip entry point, ``register`` in code)
@@ -95,7 +102,9 @@ class EnvSpec:
         return gymnasium.spec(self.gym_id)
 
 
-_specs: dict[str, EnvSpec] = {}
+_specs: dict[str, EnvSpec] = {}  # bare id -> its latest version's spec
+_versions: dict[str, dict[int, EnvSpec]] = {}  # bare id -> every registered version's spec
+_noted: set[str] = set()  # bare ids whose resolution to their latest version was said (once a process)
 _errors: list[str] = []
 _discovered = False
 _lock = threading.RLock()
@@ -118,30 +127,60 @@ def register(
     source: str = "python",
     manifest: EnvManifest | None = None,
     override: bool = False,
+    version: int | None = None,
 ) -> EnvSpec:
-    """Register an env under ``relax/<id>``. Registering an id twice is an error unless ``override=True``."""
+    """Register an env under ``relax/<id>`` (``relax/<id>-v<version>`` when it has a version: given, or spelled in
+    ``id`` as gymnasium does, ``name-vN``). Registering an id and version twice is an error unless
+    ``override=True``; versions of one id live side by side, the bare id meaning the latest."""
     short = _short(id)
+    if version is None and (m := VERSIONED.fullmatch(short)):
+        short, version = m.group(1), int(m.group(2))
     with _lock:
         ep = entry_point if isinstance(entry_point, str) else f"{entry_point.__module__}:{entry_point.__qualname__}"
-        if short in _specs and not override:
-            known = _specs[short]
+        known = _versions.get(short, {}).get(version) if version is not None else _specs.get(short)
+        if known is None and short in _specs and (_specs[short].version is None) != (version is None):
+            known = _specs[short]  # a versioned and an unversioned env of one name: gymnasium refuses the pair
+        if known is not None and not override:
             if known.entry_point == ep and known.kwargs == dict(kwargs or {}):
                 return known  # the same env found twice (a package installed and also on PYTHONPATH): one env
             raise ValueError(
                 f"env id {short!r} is already registered from {known.source} ({known.entry_point}); {source} registers "
                 f"it again as {ep}. If both are one package found twice (installed with pip and also on PYTHONPATH or "
                 f"RELAX_GYM_ENV_PATH), keep one of them; otherwise rename one, or pass override=True to replace it")
-        gym_id = f"{NAMESPACE}/{short}"
+        spec_ = EnvSpec(id=short, entry_point=ep, kwargs=dict(kwargs or {}), source=source, description=description,
+                        modalities=tuple(modalities), manifest=manifest, version=version)
+        gym_id = spec_.gym_id
+        if override and known is not None and (known.version is None) != (version is None):
+            for old in [f"{NAMESPACE}/{short}", *(f"{NAMESPACE}/{short}-v{v}" for v in _versions.get(short, {}))]:
+                gymnasium.registry.pop(old, None)  # the other kind goes: gymnasium keeps one kind per name
         previous = gymnasium.registry.pop(gym_id, None)
         try:
             gymnasium.register(id=gym_id, entry_point=entry_point, kwargs=dict(kwargs or {}), disable_env_checker=False)
         except gymnasium.error.Error as exc:  # e.g. "x-v1" next to an unversioned "x": gymnasium refuses the pair
             if previous is not None:
                 gymnasium.registry[gym_id] = previous
-            raise ValueError(f"env id {short!r} cannot be registered in gymnasium: {exc}") from None
-        spec_ = EnvSpec(id=short, entry_point=ep, kwargs=dict(kwargs or {}), source=source, description=description, modalities=tuple(modalities), manifest=manifest)
-        _specs[short] = spec_
+            raise ValueError(f"env id {spec_.versioned_id!r} cannot be registered in gymnasium: {exc}") from None
+        _store(spec_)
         return spec_
+
+
+def _store(spec_: EnvSpec) -> None:
+    """Keep ``spec_`` among its id's versions; the bare id names the latest (caller holds the lock)."""
+    if spec_.version is None:
+        _versions.pop(spec_.id, None)
+        _specs[spec_.id] = spec_
+        return
+    versions = _versions.setdefault(spec_.id, {})
+    versions[spec_.version] = spec_
+    _specs[spec_.id] = versions[max(versions)]
+
+
+def versions(id: str) -> list[int]:
+    """The registered versions of ``id`` (bare or versioned), oldest first; [] for an unversioned env."""
+    discover()
+    bare = _bare(_short(id))
+    with _lock:
+        return sorted(_versions.get(bare, {}))
 
 
 def register_manifest(path: Path, *, override: bool = False, in_process: bool = False) -> EnvSpec:
@@ -162,20 +201,20 @@ def register_manifest(path: Path, *, override: bool = False, in_process: bool = 
     try:
         spec_ = register(
             m.id, entry_point, kwargs, description=m.description,
-            modalities=m.modalities, source=str(path), manifest=m, override=override,
+            modalities=m.modalities, source=str(path), manifest=m, override=override, version=m.version,
         )
     except ValueError as exc:
         raise ManifestError(path, str(exc), field="id") from None
     if rubric is not None and not served:  # what `envs show` tells: the env's own entry point and kwargs
         spec_ = dataclasses.replace(spec_, entry_point=m.resolved_entry_point(), kwargs=m.constructor_kwargs())
         with _lock:
-            _specs[spec_.id] = spec_
+            _store(spec_)
     if served:  # what `envs show` tells: the env's own entry point and kwargs, and where it runs
         where = m.server.url or f"started with {m.server.interpreter(path.parent)}"
         entry = m.entry_point or (m.resolved_entry_point() if m.dataset else "(the server's)")
         spec_ = dataclasses.replace(spec_, entry_point=entry, kwargs=m.constructor_kwargs(), server=where)
         with _lock:
-            _specs[spec_.id] = spec_
+            _store(spec_)
     return spec_
 
 
@@ -193,14 +232,44 @@ def make(id: str, **kwargs: Any) -> gymnasium.Env:
         from relax_gym.envs.interop.serve import make_foreign
 
         return make_foreign(*foreign, **kwargs)
-    return gymnasium.make(spec(id).gym_id, **kwargs)
+    found = spec(id)
+    _note_latest(_short(id), found)
+    return gymnasium.make(found.gym_id, **kwargs)
+
+
+def resolve_id(id: str) -> str:
+    """The exact id ``id`` names (``nextqa-video`` -> ``nextqa-video-v1``, the latest version; a versioned or an
+    unversioned id as it is; remote and foreign ids as they are), said once when a bare id picked a version."""
+    if id.startswith(REMOTE_PREFIX) or split_foreign_id(id) is not None:
+        return id
+    found = spec(id)
+    _note_latest(_short(id), found)
+    return found.versioned_id
+
+
+def _note_latest(asked: str, found: EnvSpec) -> None:
+    if found.version is None or asked == found.versioned_id:
+        return
+    with _lock:
+        if found.id in _noted:
+            return
+        _noted.add(found.id)
+    warnings.warn(f"relax-gym: {asked!r} is {found.versioned_id!r}, its latest version; name the version "
+                  f"({found.versioned_id!r}) to pin it", stacklevel=3)
 
 
 def spec(id: str) -> EnvSpec:
+    """The spec ``id`` names: a bare id its latest version, ``name-vN`` that version."""
     discover()
     short = _short(id)
     with _lock:
         found = _specs.get(short)
+        if found is None and (m := VERSIONED.fullmatch(short)):
+            name, version = m.group(1), int(m.group(2))
+            found = _versions.get(name, {}).get(version)
+            if found is None and name in _versions:
+                raise UnknownEnvError(f"no version {version} of {name!r}: its versions are "
+                                      f"{', '.join(f'{name}-v{v}' for v in sorted(_versions[name]))}")
     if found is None:
         raise UnknownEnvError(_unknown_message(short))
     return found
@@ -252,7 +321,7 @@ def _register_entry_point(ep: metadata.EntryPoint, dist: str) -> None:
 def _try_register(manifest: Path) -> None:
     def run() -> None:
         m = load_manifest(manifest)
-        known = _specs.get(m.id)
+        known = _versions.get(m.id, {}).get(m.version) or (_specs[m.id] if m.id in _specs and _specs[m.id].version is None else None)
         if known is not None and known.source != str(manifest):
             raise ManifestError(manifest, f"env id {m.id!r} is already registered from {known.source}", field="id")
         register_manifest(manifest, override=True)
@@ -270,6 +339,12 @@ def _try(fn) -> None:
 
 def _short(id: str) -> str:
     return id.split("/", 1)[1] if id.startswith(f"{NAMESPACE}/") else id
+
+
+def _bare(short: str) -> str:
+    """``short`` without a ``-vN`` version, when that names a versioned env."""
+    m = VERSIONED.fullmatch(short)
+    return m.group(1) if m and m.group(1) in _versions else short
 
 
 def _unknown_message(short: str) -> str:

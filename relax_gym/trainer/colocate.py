@@ -38,6 +38,7 @@ from relax_gym.trainer.rollout.media import share_media
 from relax_gym.trainer.rollout.program_episode import ProgramEpisodes, is_agent_program
 from relax_gym.trainer.rollout.samples import summary_dict
 from relax_gym.trainer.run.base_model import resolve_base
+from relax_gym.trainer.run.env_version import resolve_env_id
 from relax_gym.trainer.run.checkpoint import (
     CRITIC_DIR,
     CheckpointWriteError,
@@ -68,6 +69,7 @@ class ColocateTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume = resume_point(self.run_dir, cfg.trainer) if resume else None  # rewinds metrics.jsonl
         cfg = resolve_base(cfg, self.run_dir, progress)  # model.base: the checkpoint the run starts from
+        cfg = resolve_env_id(cfg)  # env.id: the exact (versioned) id of the env that runs
         self.cfg = cfg
         (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         self.progress = progress or (lambda event, data: None)

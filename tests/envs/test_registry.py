@@ -23,10 +23,51 @@ def write_manifest(folder: Path, text: str) -> Path:
 
 def test_builtins_are_registered_in_gymnasium_namespace():
     assert {"nextqa-video", "echo-ink"} <= set(relax_gym.list_envs())
-    assert "relax/nextqa-video" in gymnasium.registry and "relax/echo-ink" in gymnasium.registry
+    assert "relax/nextqa-video-v1" in gymnasium.registry and "relax/echo-ink-v1" in gymnasium.registry
     s = relax_gym.spec("relax/nextqa-video")
     assert s.id == "nextqa-video" and s.source.endswith("envs_registry/nextqa-video/env.toml")
-    assert s.gym_spec.id == "relax/nextqa-video"
+    assert s.gym_spec.id == "relax/nextqa-video-v1" and s.versioned_id == "nextqa-video-v1"
+
+
+def test_a_bare_id_is_its_latest_version_said_once_and_a_versioned_id_that_version(clean_registry, recwarn):
+    from relax_gym.envs import registry
+
+    registry._noted.discard("nextqa-video")
+    bare, pinned = relax_gym.make("nextqa-video"), relax_gym.make("nextqa-video-v1")
+    assert bare.spec.id == pinned.spec.id == "relax/nextqa-video-v1"
+    assert type(bare.unwrapped) is type(pinned.unwrapped)
+    relax_gym.make("nextqa-video")
+    notes = [str(w.message) for w in recwarn if "latest version" in str(w.message)]
+    assert notes == ["relax-gym: 'nextqa-video' is 'nextqa-video-v1', its latest version; name the version "
+                     "('nextqa-video-v1') to pin it"]
+    assert gymnasium.make("relax/nextqa-video").spec.id == "relax/nextqa-video-v1"  # gymnasium's own rule
+    # a second version beside the first: the bare id moves to it, the first stays constructible
+    relax_gym.register("countdown-v1", Countdown, {"max_turns": 3})
+    relax_gym.register("countdown", Countdown, {"max_turns": 5}, version=2)
+    assert relax_gym.make("countdown-v1").unwrapped.max_turns == 3
+    assert relax_gym.make("countdown").unwrapped.max_turns == 5 and registry.versions("countdown") == [1, 2]
+    assert registry.resolve_id("countdown") == "countdown-v2" and registry.resolve_id("countdown-v1") == "countdown-v1"
+    with pytest.raises(UnknownEnvError, match="no version 3 of 'countdown': its versions are countdown-v1, countdown-v2"):
+        relax_gym.make("countdown-v3")
+    # an env registered in code without a version keeps its plain id
+    relax_gym.register("plain-countdown", Countdown)
+    assert registry.resolve_id("plain-countdown") == "plain-countdown" and relax_gym.spec("plain-countdown").version is None
+
+
+def test_a_manifest_gives_its_version_in_its_own_field(tmp_path):
+    path = write_manifest(tmp_path / "x", '''
+        id = "my-env-v2"
+        dataset = {format = "nextqa"}
+    ''')
+    with pytest.raises(ManifestError, match=r"'id': .*give the id without its version .*id = 'my-env', version = 2"):
+        load_manifest(path)
+    path = write_manifest(tmp_path / "y", '''
+        id = "my-env"
+        version = 3
+        [dataset]
+        format = "nextqa"
+    ''')
+    assert load_manifest(path).version == 3
 
 
 def test_register_in_python_then_make_both_ways(clean_registry):

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+import relax_gym
 from typer.testing import CliRunner
 
 from relax_gym.cli import app
@@ -57,6 +59,8 @@ def test_recipe_smoke_run(recipe, tmp_path):
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     config = json.loads((run_dir / "config.json").read_text())
     assert config["trainer"]["steps"] == 3
+    assert config["env"]["id"] == relax_gym.spec(config["env"]["id"]).versioned_id, "the run names the exact version"
+    assert config["env"]["id"].endswith("-v1")
     plotted = CliRunner().invoke(app, ["plot", str(run_dir)])
     assert plotted.exit_code == 0 and (run_dir / "reward.png").stat().st_size > 1000
     if "tool-use" in recipe.name:  # the run's sandboxes are gone when it returns, though this process goes on

@@ -60,6 +60,7 @@ from relax_gym.trainer.async_engine.launches import LaunchedStep, Launches
 from relax_gym.trainer.async_engine.ledger import SampleLedger
 from relax_gym.trainer.rewards.judge_host import resolve_judge
 from relax_gym.trainer.run.base_model import resolve_base
+from relax_gym.trainer.run.env_version import resolve_env_id
 from relax_gym.trainer.run.checkpoint import CRITIC_DIR, REFERENCE_DIR, CheckpointError, ResumePoint, resume_point
 from relax_gym.trainer.config import RelaxConfig
 from relax_gym.trainer.dcs.push import weight_transport
@@ -111,6 +112,7 @@ class AsyncTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume: ResumePoint | None = resume_point(self.run_dir, cfg.trainer) if resume else None  # rewinds metrics
         cfg = resolve_base(cfg, self.run_dir, progress)  # model.base: the checkpoint the run starts from
+        cfg = resolve_env_id(cfg)  # env.id: the exact (versioned) id of the env that runs
         if cfg.judge is not None:  # a named judge is built here once; the genrm replicas load its checkpoint
             cfg = cfg.model_copy(update={"judge": resolve_judge(cfg.judge)})
         self.cfg = cfg
