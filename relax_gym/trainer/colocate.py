@@ -93,7 +93,7 @@ class ColocateTrainer:
         self.ref_actor: HFActor | None = None  # frozen copy of the warmed-up policy, for the KL term
         self.critic: Critic | None = None  # algorithm.name=ppo: the value model (built when RL starts)
         self.records = RolloutRecorder(self.run_dir, per_step=cfg.metrics.rollouts_per_step,  # for relax-gym view
-                                       media_mb=cfg.metrics.rollout_media_mb)
+                                       media_mb=cfg.metrics.rollout_media_mb, env=cfg.env.id)
         self.version = 0
         self.rng = np.random.default_rng(cfg.trainer.seed)
         self.faults = LocalFaults(FaultSchedule(cfg.faults, self.run_dir), getattr(self.engine_host, "engine", None))

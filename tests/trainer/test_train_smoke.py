@@ -60,7 +60,9 @@ def test_recipe_smoke_run(recipe, tmp_path):
     config = json.loads((run_dir / "config.json").read_text())
     assert config["trainer"]["steps"] == 3
     assert config["env"]["id"] == relax_gym.spec(config["env"]["id"]).versioned_id, "the run names the exact version"
-    assert config["env"]["id"].endswith("-v1")
+    assert config["env"]["id"].endswith("-v1") and summary["env"] == config["env"]["id"]
+    records = [json.loads(line) for f in sorted((run_dir / "rollouts").glob("step_*.jsonl")) for line in f.read_text().splitlines()]
+    assert records and {r["env"] for r in records} == {config["env"]["id"]}, "each record names the exact env"
     plotted = CliRunner().invoke(app, ["plot", str(run_dir)])
     assert plotted.exit_code == 0 and (run_dir / "reward.png").stat().st_size > 1000
     if "tool-use" in recipe.name:  # the run's sandboxes are gone when it returns, though this process goes on

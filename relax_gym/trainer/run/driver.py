@@ -131,7 +131,7 @@ class RunDriver:
     def finish(self, steps: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """The run's summary (``summary.json``): start and end evals, steps, the clock, ``extra`` (the mode's own
         figures) and the checkpoint failures."""
-        self.summary.update({**summary_end(self.last_eval, self.first_eval), "steps": steps,
+        self.summary.update({"env": self.cfg.env.id, **summary_end(self.last_eval, self.first_eval), "steps": steps,
                              "elapsed_s": self.schedule.elapsed(), **(extra or {}), **self.checkpoint_failures.figures()})
         (self.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
         return self.summary

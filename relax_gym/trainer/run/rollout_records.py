@@ -323,10 +323,11 @@ class RolloutRecorder:
     ones in seed order; 0 keeps none); ``media_mb``: the media cap. Safe to use from several processes of one run:
     each line is appended under an exclusive lock, media are written to a temporary name and renamed."""
 
-    def __init__(self, run_dir: str | os.PathLike, *, per_step: int, media_mb: float) -> None:
+    def __init__(self, run_dir: str | os.PathLike, *, per_step: int, media_mb: float, env: str | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.per_step = int(per_step)
         self.media = MediaStore(self.run_dir, int(media_mb * 2**20))
+        self.env = env  # the exact env id (``nextqa-video-v1``) each record names
 
     def write(self, step: int, kind: str, trajs: Sequence[Any], *, first_index: int = 0,
               trained_version: int | None = None, arrival: bool = False) -> int:
@@ -357,6 +358,8 @@ class RolloutRecorder:
         lines = []
         for i, traj in chosen:
             record = episode_record(traj, step=step, kind=kind, index=i, media=self.media)
+            if self.env is not None:
+                record = {"env": self.env, **record}
             if trained_version is not None and record["policy_version"] is not None:
                 record["staleness"] = int(trained_version) - record["policy_version"]
             lines.append(json.dumps(record, ensure_ascii=False, default=str) + "\n")

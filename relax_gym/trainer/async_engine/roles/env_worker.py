@@ -83,8 +83,8 @@ class EnvWorkerRole:
         self._slots = slots
         self.cfg = RelaxConfig.model_validate(cfg)
         m = self.cfg.metrics
-        self._records = (RolloutRecorder(run_dir, per_step=m.rollouts_per_step, media_mb=m.rollout_media_mb)
-                         if run_dir is not None else None)
+        self._records = (RolloutRecorder(run_dir, per_step=m.rollouts_per_step, media_mb=m.rollout_media_mb,
+                                         env=self.cfg.env.id) if run_dir is not None else None)
         self.processor = build_processor_only(self.cfg.model)
         self.routing = routing_dims(self.cfg.model)  # MoE: record the routed experts of training episodes
         self._bus_source, self._engine_source = bus, engine
