@@ -247,9 +247,11 @@ class AsyncEngineClient:
         return GenerateOutput.from_json(data)
 
     async def _generate_streamed(self, payload: Mapping[str, Any], on_token: Callable[[int], None]) -> dict[str, Any]:
-        """POST a streamed ``/generate``; hand each new id of the events' cumulative ``output_ids`` to ``on_token``;
-        the last event before ``[DONE]`` (the whole response). Not resent once it reached the server."""
-        seen, last = 0, None
+        """POST a streamed ``/generate``; hand each new id of the events' ``output_ids`` (cumulative, or only the
+        new ones as SGLang's incremental streaming sends them) to ``on_token``; the last event before ``[DONE]`` (the
+        whole response; with incremental events its ``output_ids`` are made whole here). Not resent once it reached
+        the server."""
+        seen, last, all_ids, all_logprobs, chopped = 0, None, [], [], False
         try:
             async with self._http.stream("POST", "/generate", json=dict(payload)) as response:
                 if response.status_code >= 400:
@@ -267,15 +269,32 @@ class AsyncEngineClient:
                         error = event["error"]
                         raise EngineError(f"/generate failed while streaming: "
                                           f"{error.get('message') if isinstance(error, Mapping) else error}")
-                    ids = event.get("output_ids") or []
-                    for token in ids[seen:]:
+                    ids = list(event.get("output_ids") or [])
+                    total = (event.get("meta_info") or {}).get("completion_tokens")
+                    # cumulative ids (ours; SGLang by default) or only the new ones (SGLang's incremental streaming
+                    # output): the event's completion_tokens tells which
+                    incremental = total is not None and len(ids) < total and len(ids) == total - seen
+                    fresh = ids if incremental else ids[seen:]
+                    for token in fresh:
                         on_token(int(token))
-                    seen, last = max(seen, len(ids)), event
+                    all_ids += [int(t) for t in fresh]
+                    pieces = list((event.get("meta_info") or {}).get("output_token_logprobs") or [])
+                    if incremental:  # the log-probs come per event too: kept whole for the record
+                        all_logprobs += pieces
+                        chopped = True
+                    else:
+                        all_logprobs = pieces
+                    seen, last = seen + len(fresh), event
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as exc:
             raise EngineConnectionError(f"POST {self.base_url}/generate (streamed): {exc}") from exc
         if last is None:
             raise EngineError("/generate streamed no event before [DONE]")
-        return dict(last)
+        if not chopped:
+            return dict(last)
+        meta = dict(last.get("meta_info") or {})
+        if all_logprobs:
+            meta["output_token_logprobs"] = all_logprobs
+        return {**last, "output_ids": all_ids, "meta_info": meta}
 
     async def generate_batch(self, input_ids: Sequence[Sequence[int]] | None = None, *, text: Sequence[str] | None = None,
                              image_data: Sequence[Any] | None = None, video_data: Sequence[Any] | None = None,

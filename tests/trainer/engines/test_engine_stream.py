@@ -93,3 +93,34 @@ def test_a_refused_stream_is_a_400_before_any_event_and_a_batch_cannot_stream(se
                       headers=with_engine_token(None)) as http:
         r = http.post("/generate", json={"input_ids": [prompt, prompt], "sampling_params": GREEDY, "stream": True})
     assert r.status_code == 400 and "stream=True takes one request, not a batch of 2" in r.text
+
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
+def test_the_client_reads_cumulative_and_incremental_events_alike(incremental):
+    """Our engine sends cumulative ids (SGLang's default); SGLang's incremental streaming output sends only the new
+    ids (and log-probs) per event: both give every token once, in order, and a whole answer."""
+    ids, lps = [5, 6, 7, 8], [[-0.1, 5, None], [-0.2, 6, None], [-0.3, 7, None], [-0.4, 8, None]]
+    events = []
+    for n in (1, 3, 4):
+        start = 0 if not incremental else {1: 0, 3: 1, 4: 3}[n]
+        events.append({"text": "", "output_ids": ids[start:n], "meta_info": {
+            "completion_tokens": n, "finish_reason": None if n < 4 else {"type": "length", "length": 4},
+            "output_token_logprobs": lps[start:n], "weight_version": "1", "prompt_tokens": 2}})
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+
+    def handler(request):
+        assert json.loads(request.content)["stream"] is True
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body.encode())
+
+    async def main():
+        client = AsyncEngineClient("http://engine.test", transport=httpx.MockTransport(handler))
+        try:
+            got: list[int] = []
+            out = await client.generate([1, 2], sampling_params={"max_new_tokens": 4}, on_token=got.append)
+            return got, out
+        finally:
+            await client.aclose()
+
+    got, out = asyncio.run(main())
+    assert got == ids == out.output_ids
+    assert [lp for lp, _, _ in out.meta_info["output_token_logprobs"]] == [-0.1, -0.2, -0.3, -0.4]
