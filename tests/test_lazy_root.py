@@ -47,7 +47,7 @@ def test_importing_loads_no_env_no_sandbox_and_reads_no_manifest(modules):
 
 
 @pytest.mark.parametrize("first_use", ["relax_gym.spec('nextqa-video')", "from relax_gym import make; make.__name__",
-                                       "import gymnasium; relax_gym.discover(); gymnasium.spec('relax/nextqa-video')"])
+                                       "import gymnasium; relax_gym.discover(); gymnasium.spec('relax/nextqa-video-v1')"])
 def test_public_names_still_reach_the_registry(first_use):
     seen = _child(["relax_gym"], first_use)
     assert "relax_gym.envs.registry" in seen["loaded_after"]

@@ -1,4 +1,5 @@
-"""The environment registry. Ids live in gymnasium's registry under the ``relax`` namespace, so both
+"""The environment registry. Ids live in gymnasium's registry under the ``relax`` namespace, versioned as gymnasium spells it
+(``relax/nextqa-video-v1``; the bare id means the latest version), so both
 ``relax_gym.make("nextqa-video")`` and ``gymnasium.make("relax/nextqa-video")`` work (the latter once discovery
 has run: after the first ``make`` / ``list_envs`` / ``spec``, or ``discover()``).
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import logging
 import os
 import threading
 import warnings
@@ -47,6 +49,8 @@ from relax_gym.envs.manifest import (
     find_manifests,
     load_manifest,
 )
+
+log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "relax_gym.envs"
 ENV_PATH_VAR = "RELAX_GYM_ENV_PATH"
@@ -239,7 +243,8 @@ def make(id: str, **kwargs: Any) -> gymnasium.Env:
 
 def resolve_id(id: str) -> str:
     """The exact id ``id`` names (``nextqa-video`` -> ``nextqa-video-v1``, the latest version; a versioned or an
-    unversioned id as it is; remote and foreign ids as they are), said once when a bare id picked a version."""
+    unversioned id as it is; remote and foreign ids as they are), noted once (logged at INFO) when a bare id picked
+    a version."""
     if id.startswith(REMOTE_PREFIX) or split_foreign_id(id) is not None:
         return id
     found = spec(id)
@@ -254,8 +259,8 @@ def _note_latest(asked: str, found: EnvSpec) -> None:
         if found.id in _noted:
             return
         _noted.add(found.id)
-    warnings.warn(f"relax-gym: {asked!r} is {found.versioned_id!r}, its latest version; name the version "
-                  f"({found.versioned_id!r}) to pin it", stacklevel=3)
+    log.info("%r is %r, its latest version; name the version (%r) to pin it", asked, found.versioned_id,
+             found.versioned_id)
 
 
 def spec(id: str) -> EnvSpec:

@@ -48,4 +48,4 @@ def test_three_step_smoke_run(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3 and 0.0 <= summary["eval_reward_end"] <= 1.0
     config = json.loads((run_dir / "config.json").read_text())
-    assert config["env"]["id"] == "nextqa-video-agent" and config["trainer"]["max_turns"] == 3
+    assert config["env"]["id"] == "nextqa-video-agent-v1" and config["trainer"]["max_turns"] == 3  # the exact id

@@ -203,11 +203,11 @@ def test_discovery_registers_each_manifest_fully_or_not_at_all(folders) -> None:
             for env_id in added:
                 spec = reg._specs[env_id]
                 assert spec.source.startswith(str(root)), spec.source
-                gym = gymnasium.registry.get(f"relax/{env_id}")
+                gym = gymnasium.registry.get(spec.gym_id)  # relax/<id>-v<version>
                 assert gym is not None, f"{env_id} is in relax-gym's registry but not gymnasium's"
                 assert gym.kwargs == spec.kwargs
             gym_added = {k for k in gymnasium.registry if k.startswith("relax/")} - gym_before
-            assert gym_added == {f"relax/{i}" for i in added}, "the two registries disagree"
+            assert gym_added == {reg._specs[i].gym_id for i in added}, "the two registries disagree"
             for name, _ in folders:
                 path = root / name / "env.toml"
                 registered = any(s.source == str(path) for s in reg._specs.values())
