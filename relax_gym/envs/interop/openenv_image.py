@@ -40,6 +40,8 @@ from relax_gym.sandbox.backends import get_backend
 from relax_gym.sandbox.bridge import BIN_DIR_IN_SANDBOX, SCRIPT_NAME, SocketPort, forwarder_dir
 from relax_gym.sandbox.spec import Mount, SandboxSpec
 
+POLL_NOISE = "forward_in_sandbox: cannot connect to "  # relax_gym/sandbox/forward_in_sandbox.py, per refused poll
+
 OPENENV_PORT = 8000  # the port OpenEnv's images serve on (its Dockerfile template and from_docker_image)
 SOCKET_DIR = "/run/relax-env"
 SERVER_TIMEOUT_S = 6 * 86400.0  # the server's exec: as long as the process wants it (the backend allows 7 days)
@@ -162,7 +164,12 @@ class ImageServer:
             result = self._server.result()
         except Exception as e:  # noqa: BLE001 - the sandbox itself failed: that is the reason
             return f"{type(e).__name__}: {e}"
-        tail = (result.stderr or result.stdout or "")[-2000:].strip()
+        # the server's own words: the forwarder's "cannot connect" lines (our readiness polls, which it could not
+        # pass on while nothing listened yet) are left out, whatever order the two processes wrote in; its other
+        # lines (a command it cannot run, a socket it cannot open) are the reason and stay
+        own = [line for line in (result.stderr or result.stdout or "").splitlines()
+               if not line.startswith(POLL_NOISE)]
+        tail = "\n".join(own)[-2000:].strip()
         why = "killed: out of memory (sandbox.memory_mb)" if result.oom_killed else f"exit status {result.rc}"
         return f"{why}{': ' + tail if tail else ', no output'}"
 

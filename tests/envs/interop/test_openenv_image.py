@@ -89,3 +89,23 @@ def test_limits_are_checked_and_only_limits_may_be_set():
         server_port("img", {"ExposedPorts": {"1/tcp": {}, "2/tcp": {}}}, None)
     with pytest.raises(ValueError, match="sandbox= sets the limits of an image's sandbox; a URL has none"):
         relax_gym.make("openenv:http://127.0.0.1:9", sandbox={"cpus": 1})
+
+
+def test_a_failed_start_reports_the_servers_words_not_the_readiness_polls():
+    """The forwarder's "cannot connect" lines (our polls while nothing listened) may come before or after the
+    server's own message: they are left out; its other lines (a command it cannot run) are the reason and stay."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    def ended(stderr: str) -> str:
+        done: Future = Future()
+        done.set_result(SimpleNamespace(stderr=stderr, stdout="", rc=3, oom_killed=False))
+        server = openenv_image.ImageServer.__new__(openenv_image.ImageServer)
+        server._server = done
+        return server._ended()
+
+    poll = "forward_in_sandbox: cannot connect to 127.0.0.1:8000: [Errno 111] Connection refused\n"
+    assert ended(poll + "cannot find the model weights\n" + poll) == "exit status 3: cannot find the model weights"
+    assert ended("forward_in_sandbox: cannot run uvicorn: [Errno 2] No such file\n") == \
+        "exit status 3: forward_in_sandbox: cannot run uvicorn: [Errno 2] No such file"
+    assert ended(poll) == "exit status 3, no output"
