@@ -88,12 +88,13 @@ shape: :mod:`relax_gym.omni.messages_api`). Errors are OpenAI's shape, ``{"error
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -619,8 +620,14 @@ class OpenAIAPI:
         req = _parse(body)
         mode = req.tool_mode()
         session = self._session_for(req, headers, caller or ADMIN)
-        try:
+        with self._failures_noted(session):
             return self._completion(req, mode, session)
+
+    @contextlib.contextmanager
+    def _failures_noted(self, session: str) -> Iterator[None]:
+        """A call's server-side failure noted in its session (a refused request, 4xx, is the caller's, not noted)."""
+        try:
+            yield
         except OpenAIError as exc:
             if exc.status >= 500:
                 self.recorder.fail(session, exc.message)
@@ -767,18 +774,12 @@ class OpenAIAPI:
         call's would be. A refused request (400) is raised here, before any event."""
 
         def run(on_token: Callable[[int], None]) -> dict[str, Any]:
-            try:
+            with self._failures_noted(call.session):
                 return self._finish_call(call, self._generate(call, on_token))
-            except OpenAIError as exc:
-                if exc.status >= 500:
-                    self.recorder.fail(call.session, exc.message)
-                raise
-            except Exception as exc:
-                self.recorder.fail(call.session, f"{type(exc).__name__}: {exc}")
-                raise
 
         feed = start_streamed(run, name="openai-stream")
-        stops = list(call.sampling.get("stop") or ())
+        stop = call.sampling.get("stop")
+        stops = [stop] if isinstance(stop, str) else list(stop or ())  # OpenAI's stop: a string or a list of them
         deltas = TextDeltas(self._decode, stops=stops, markers=(TOOL_CALL_OPEN,) if call.mode.listed else (),
                             strip=call.mode.listed)
         live = LiveCompletion(feed, deltas, request_id=call.request_id, created=int(call.created),

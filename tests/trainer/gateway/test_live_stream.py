@@ -86,6 +86,21 @@ def test_chat_text_leaves_before_the_engine_ends_and_joins_to_the_plain_answer(l
     assert event.usage.completion_tokens == len(b.completion_ids)
 
 
+def test_a_stop_given_as_one_string_holds_back_only_that_string(live):
+    """OpenAI's ``stop`` may be one string: it is one stop string ("robots!": only the tail "robot" waits a token),
+    not its characters (each of which would end the live text at the first "o")."""
+    engine, _, _, client = live
+    engine.replies = [REPLY]
+    pieces = []
+    for event in client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Story?"}],
+                                                stop="robots!", stream=True):
+        if event.choices and event.choices[0].delta.content:
+            pieces.append(event.choices[0].delta.content)
+            engine.release.set()
+    assert "".join(pieces) == REPLY
+    assert "".join(pieces[:-1]).startswith("Once upon a time a small robot learned"), pieces  # given out live
+
+
 def test_chat_tool_calls_come_whole_and_the_markup_never_reaches_the_content(live):
     engine, _, _, client = live
     engine.replies = [CALL_TEXT]
