@@ -45,7 +45,7 @@ class EngineHost(Protocol):
     @property
     def alive(self) -> bool: ...
 
-    def generate(self, body: Mapping[str, Any]) -> Any: ...
+    def generate(self, body: Mapping[str, Any], on_token: Callable[[int], None] | None = None) -> Any: ...
 
     def async_client(self, **kwargs: Any) -> AsyncEngineClient: ...
 
@@ -103,13 +103,14 @@ class EmbeddedHost:
     def alive(self) -> bool:
         return bool(self.engine.alive)
 
-    def generate(self, body: Mapping[str, Any]) -> Any:
+    def generate(self, body: Mapping[str, Any], on_token: Callable[[int], None] | None = None) -> Any:
         """One ``/generate`` body answered in process: the response dict (a list for a batch request). A request
-        the engine refuses raises :class:`~relax_gym.trainer.engines.client.EngineHTTPError` (400)."""
+        the engine refuses raises :class:`~relax_gym.trainer.engines.client.EngineHTTPError` (400). ``on_token``
+        (one request): each token id as the engine samples it (from its scheduler thread)."""
         from relax_gym.trainer.engines.embedded import EngineRequestError
 
         try:
-            out = self.engine.generate(body)  # looked up per call: fault injection wraps it
+            out = self.engine.generate(body, on_token=on_token)  # looked up per call: fault injection wraps it
         except EngineRequestError as exc:
             raise EngineHTTPError(400, str(exc), "/generate") from None
         return [o.to_json() for o in out] if isinstance(out, list) else out.to_json()
@@ -165,9 +166,10 @@ class SGLangHost:
     def alive(self) -> bool:
         return self.server.alive
 
-    def generate(self, body: Mapping[str, Any]) -> Any:
+    def generate(self, body: Mapping[str, Any], on_token: Callable[[int], None] | None = None) -> Any:
         """One ``/generate`` body, forwarded to the server over loopback HTTP (mapped for SGLang); its answer
-        decoded. An error answer raises :class:`~relax_gym.trainer.engines.client.EngineHTTPError`."""
+        decoded. An error answer raises :class:`~relax_gym.trainer.engines.client.EngineHTTPError`. ``on_token``
+        is not called: the proxy answers once (the tokens come with the answer)."""
         status, _, raw = self.proxy.dispatch("POST", "/generate", json.dumps(body).encode())
         try:
             data = json.loads(raw)

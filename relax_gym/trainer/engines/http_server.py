@@ -76,6 +76,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 from urllib.parse import urlsplit
 
+from relax_gym.omni.api_streams import sse
 from relax_gym.trainer.engines.admin_protocol import (
     ApplyStagedWeightsReqInput,
     ContinueGenerationReqInput,
@@ -141,17 +142,13 @@ class GenerateEvents:
             for token in self.feed:
                 ids.append(token)
                 self.text.push(token)
-                yield _event({"text": self.text.given, "output_ids": list(ids),
+                yield sse({"text": self.text.given, "output_ids": list(ids),
                               "meta_info": {"completion_tokens": len(ids), "finish_reason": None}})
-            yield _event(self.feed.wait().to_json())
+            yield sse(self.feed.wait().to_json())
         except Exception as exc:  # noqa: BLE001 - the headers are out: the failure goes as an event
             logger.exception("a streamed generate failed")
-            yield _event({"error": {"message": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__}})
+            yield sse({"error": {"message": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__}})
         yield b"data: [DONE]\n\n"
-
-
-def _event(data: Any) -> bytes:
-    return b"data: " + json.dumps(data, allow_nan=False).encode() + b"\n\n"
 
 
 def _json(body: Any, status: int = 200) -> _Response:

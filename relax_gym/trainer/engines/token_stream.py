@@ -24,7 +24,8 @@ from typing import Any
 
 __all__ = ["TextDeltas", "TokenFeed", "start_streamed"]
 
-_END = object()
+_END = object()  # the request ended
+_NONE = object()  # nothing peeked
 
 
 class TokenFeed:
@@ -35,6 +36,7 @@ class TokenFeed:
         self._done = threading.Event()
         self.answer: Any = None
         self.error: BaseException | None = None
+        self._peeked: Any = _NONE  # what first() took from the queue, for the iteration
 
     def put(self, token: int) -> None:
         """The engine's ``on_token``."""
@@ -55,8 +57,7 @@ class TokenFeed:
     def first(self) -> int | None:
         """Block until the first token or the end; the token (kept for the iteration), or None at the end (the
         error, if any, raised: a refused request fails here, before anything was sent)."""
-        item = self._queue.get()
-        self._peeked = item
+        item = self._peeked = self._queue.get()
         if item is _END:
             if self.error is not None:
                 raise self.error
@@ -65,8 +66,8 @@ class TokenFeed:
 
     def __iter__(self) -> Iterator[int]:
         """Each token as it comes; ends when the request ended (the error, if any, raised)."""
-        item = self.__dict__.pop("_peeked", None)
-        if item is None:
+        item, self._peeked = self._peeked, _NONE
+        if item is _NONE:
             item = self._queue.get()
         while item is not _END:
             yield item

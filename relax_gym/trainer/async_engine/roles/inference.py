@@ -71,11 +71,15 @@ class InferenceRole:
         loop = asyncio.get_running_loop()
         try:
             return 200, await loop.run_in_executor(self._threads, self.host.generate, body)
-        except EngineHTTPError as exc:
+        except Exception as exc:  # noqa: BLE001 - a refusal or an engine failure is an answer, never a dead replica
+            return self._failure(exc)
+
+    def _failure(self, exc: Exception) -> tuple[int, str]:
+        """``(status, message)`` of a failed generate: a refused request's 4xx, else the engine's failure (500)."""
+        if isinstance(exc, EngineHTTPError):
             return exc.status_code, exc.message
-        except Exception as exc:  # noqa: BLE001 - an engine failure is a 500 answer, never a dead replica
-            log.warning("inference replica %s: generate failed: %s: %s", self.name, type(exc).__name__, exc)
-            return int(getattr(exc, "status_code", 500) or 500), f"{type(exc).__name__}: {exc}"
+        log.warning("inference replica %s: generate failed: %s: %s", self.name, type(exc).__name__, exc)
+        return int(getattr(exc, "status_code", 500) or 500), f"{type(exc).__name__}: {exc}"
 
     async def generate_stream(self, body: dict[str, Any]) -> AsyncIterator[tuple[Any, ...]]:
         """One ``/generate`` body streamed (a Serve streaming call: ``handle.options(stream=True)``): ``("token",
@@ -85,30 +89,15 @@ class InferenceRole:
             await self._catch_up()
         loop = asyncio.get_running_loop()
         tokens: asyncio.Queue[Any] = asyncio.Queue()
-        engine = getattr(self.host, "engine", None) if self.host.kind == "embedded" else None
-
-        def run() -> Any:
-            if engine is None:
-                return self.host.generate(body)
-            from relax_gym.trainer.engines.embedded import EngineRequestError
-
-            try:  # looked up per call: fault injection wraps it
-                out = engine.generate(body, on_token=lambda t: loop.call_soon_threadsafe(tokens.put_nowait, t))
-            except EngineRequestError as exc:
-                raise EngineHTTPError(400, str(exc), "/generate") from None
-            return out.to_json()
-
-        done = loop.run_in_executor(self._threads, run)
+        on_token = lambda t: loop.call_soon_threadsafe(tokens.put_nowait, t)  # noqa: E731 - from the engine's thread
+        done = loop.run_in_executor(self._threads, self.host.generate, body, on_token)
         done.add_done_callback(lambda _: tokens.put_nowait(_END))
         while (token := await tokens.get()) is not _END:
             yield ("token", token)
         try:
             yield ("done", 200, done.result())
-        except EngineHTTPError as exc:
-            yield ("done", exc.status_code, exc.message)
-        except Exception as exc:  # noqa: BLE001 - an engine failure is a 500 answer, never a dead replica
-            log.warning("inference replica %s: generate failed: %s: %s", self.name, type(exc).__name__, exc)
-            yield ("done", int(getattr(exc, "status_code", 500) or 500), f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a refusal or an engine failure is an answer, never a dead replica
+            yield ("done", *self._failure(exc))
 
     async def _catch_up(self) -> None:
         async with self._catching_up:
