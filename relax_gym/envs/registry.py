@@ -141,9 +141,7 @@ def register(
         short, version = m.group(1), int(m.group(2))
     with _lock:
         ep = entry_point if isinstance(entry_point, str) else f"{entry_point.__module__}:{entry_point.__qualname__}"
-        known = _versions.get(short, {}).get(version) if version is not None else _specs.get(short)
-        if known is None and short in _specs and (_specs[short].version is None) != (version is None):
-            known = _specs[short]  # a versioned and an unversioned env of one name: gymnasium refuses the pair
+        known = _registered(short, version)
         if known is not None and not override:
             if known.entry_point == ep and known.kwargs == dict(kwargs or {}):
                 return known  # the same env found twice (a package installed and also on PYTHONPATH): one env
@@ -166,6 +164,15 @@ def register(
             raise ValueError(f"env id {spec_.versioned_id!r} cannot be registered in gymnasium: {exc}") from None
         _store(spec_)
         return spec_
+
+
+def _registered(short: str, version: int | None) -> EnvSpec | None:
+    """What registering ``short`` at ``version`` (None: unversioned) meets: that version, or an env of the other
+    kind under the same name (a versioned and an unversioned env of one name: gymnasium refuses the pair)."""
+    if version is not None and version in _versions.get(short, {}):
+        return _versions[short][version]
+    other = _specs.get(short)
+    return other if other is not None and (version is None or other.version is None) else None
 
 
 def _store(spec_: EnvSpec) -> None:
@@ -236,9 +243,7 @@ def make(id: str, **kwargs: Any) -> gymnasium.Env:
         from relax_gym.envs.interop.serve import make_foreign
 
         return make_foreign(*foreign, **kwargs)
-    found = spec(id)
-    _note_latest(_short(id), found)
-    return gymnasium.make(found.gym_id, **kwargs)
+    return gymnasium.make(_resolved(id).gym_id, **kwargs)
 
 
 def resolve_id(id: str) -> str:
@@ -247,20 +252,21 @@ def resolve_id(id: str) -> str:
     a version."""
     if id.startswith(REMOTE_PREFIX) or split_foreign_id(id) is not None:
         return id
-    found = spec(id)
-    _note_latest(_short(id), found)
-    return found.versioned_id
+    return _resolved(id).versioned_id
 
 
-def _note_latest(asked: str, found: EnvSpec) -> None:
+def _resolved(id: str) -> EnvSpec:
+    """``spec(id)``, noting once (at INFO) which version a bare id picked."""
+    found, asked = spec(id), _short(id)
     if found.version is None or asked == found.versioned_id:
-        return
+        return found
     with _lock:
         if found.id in _noted:
-            return
+            return found
         _noted.add(found.id)
     log.info("%r is %r, its latest version; name the version (%r) to pin it", asked, found.versioned_id,
              found.versioned_id)
+    return found
 
 
 def spec(id: str) -> EnvSpec:
@@ -326,7 +332,7 @@ def _register_entry_point(ep: metadata.EntryPoint, dist: str) -> None:
 def _try_register(manifest: Path) -> None:
     def run() -> None:
         m = load_manifest(manifest)
-        known = _versions.get(m.id, {}).get(m.version) or (_specs[m.id] if m.id in _specs and _specs[m.id].version is None else None)
+        known = _registered(m.id, m.version)
         if known is not None and known.source != str(manifest):
             raise ManifestError(manifest, f"env id {m.id!r} is already registered from {known.source}", field="id")
         register_manifest(manifest, override=True)
